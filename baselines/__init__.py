@@ -1,0 +1,1 @@
+"""Baseline pruning methods, one file each, each a `bwprune.methods.base.PruningMethod`."""

@@ -1,0 +1,60 @@
+"""Validation of the composed run config, and the OmegaConf resolvers the YAML files use.
+
+Hydra already rejects unknown config-group options (listing the valid ones); this module checks the
+values inside the groups. Method-specific arguments are validated by each method's constructor, so
+the schema here covers only the top-level keys, `generation` and `model`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from bwprune.errors import UserError, choices_error
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def package_data_dir() -> str:
+    """Folder of the benchmark data shipped inside the package (bwprune/data)."""
+    return str(Path(__file__).resolve().parent / "data")
+
+
+def register_resolvers() -> None:
+    """`${bwprune_data_dir:}` in conf/paths/default.yaml; idempotent (multirun re-imports)."""
+    if not OmegaConf.has_resolver("bwprune_data_dir"):
+        OmegaConf.register_new_resolver("bwprune_data_dir", package_data_dir)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise `UserError` naming the first bad top-level, model or generation value."""
+    if not 0.0 <= float(cfg.sparsity) < 1.0:
+        raise UserError(f"sparsity={cfg.sparsity} is outside [0, 1)")
+    if int(cfg.batch_size) < 1:
+        raise UserError(f"batch_size={cfg.batch_size} must be >= 1")
+    if cfg.limit is not None and int(cfg.limit) < 1:
+        raise UserError(f"limit={cfg.limit} must be >= 1 (or null for the whole benchmark)")
+    if int(cfg.num_shards) < 1 or not 0 <= int(cfg.shard) < int(cfg.num_shards):
+        raise UserError(f"shard={cfg.shard} must be in [0, num_shards={cfg.num_shards})")
+    gen = cfg.generation
+    if int(gen.max_new_tokens) < 1:
+        raise UserError(f"generation.max_new_tokens={gen.max_new_tokens} must be >= 1")
+    if gen.do_sample and not (float(gen.temperature) > 0 and 0 < float(gen.top_p) <= 1):
+        raise UserError(
+            f"generation.temperature={gen.temperature} must be > 0 and "
+            f"generation.top_p={gen.top_p} in (0, 1] when do_sample=true"
+        )
+    if cfg.model.dtype not in DTYPES:
+        raise choices_error("model.dtype", cfg.model.dtype, DTYPES)
+    if cfg.model.init not in ("pretrained", "random"):
+        raise choices_error("model.init", cfg.model.init, ("pretrained", "random"))
+
+
+def compose_config(conf_dir: str | Path, overrides: list[str] | None = None) -> DictConfig:
+    """conf/config.yaml composed outside `@hydra.main` (scripts, notebooks): same defaults."""
+    from hydra import compose, initialize_config_dir
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(Path(conf_dir).resolve()), version_base="1.3"):
+        return compose("config", overrides=list(overrides or []))

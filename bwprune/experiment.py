@@ -1,0 +1,173 @@
+"""One run, end to end: compose model × method × benchmark, generate, score, record.
+
+This is the only module that wires the pieces together; it names no method and no benchmark
+(they are built from their config groups with `instantiate`). It owns every `finally`: the
+method's hooks are removed and the tracker is closed whatever happens, and samples are on disk
+after every batch, so an interrupted run loses at most the batch in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from bwprune.benchmarks.base import Benchmark, Example
+from bwprune.config import validate
+from bwprune.errors import UserError
+from bwprune.generation.prompts import render_prompt
+from bwprune.generation.runner import BatchedRunner, Completion, SamplingConfig
+from bwprune.models.adapters import adapter_for
+from bwprune.models.loading import load_model
+from bwprune.records import RunRecorder, method_name, provenance, run_key, summarize
+from bwprune.scoring.math_answers import Score
+from bwprune.tracking import make_tracker
+
+log = logging.getLogger(__name__)
+
+
+def build(node: DictConfig) -> Any:
+    """`instantiate`, with a constructor's `UserError` surfaced as itself (not Hydra's wrapper)."""
+    try:
+        return instantiate(node)
+    except InstantiationException as e:
+        cause = e.__cause__
+        if isinstance(cause, (UserError, ValueError, TypeError)):
+            raise UserError(f"{node.get('_target_')}: {cause}") from None
+        raise
+
+
+def select_examples(examples: list[Example], cfg: DictConfig) -> list[Example]:
+    """This job's shard (round-robin by index), then the first `limit` of it."""
+    chosen = examples[cfg.shard :: cfg.num_shards]
+    return chosen[: cfg.limit] if cfg.limit is not None else chosen
+
+
+def sample_row(example: Example, completion: Completion, score: Score) -> dict:
+    return {
+        "index": example.index,
+        "prompt": example.question,
+        "completion": completion.text,
+        "prediction": score.prediction,
+        "gold": example.gold,
+        "correct": score.correct,
+        "score_reason": score.reason,
+        "new_tokens": completion.new_tokens,
+        "finish_reason": completion.finish_reason,
+        "sparsity": completion.sparsity,
+    }
+
+
+def run(cfg: DictConfig) -> dict:
+    """Run (or resume, or skip if complete) the configured job; returns its `run.json` record."""
+    validate(cfg)
+    key = run_key(cfg)
+    recorder = RunRecorder(cfg.paths.runs_dir, key)
+    if recorder.is_complete():
+        log.info("complete run found, skipping: %s", recorder.dir)
+        return json.loads(recorder.run_path.read_text())
+    benchmark: Benchmark = build(cfg.benchmark)
+    examples = select_examples(benchmark.examples(), cfg)
+    recorder.start(cfg)
+    method = build(cfg.method)  # bad method arguments fail here, before the model loads
+    tracker = make_tracker(cfg, key, method_name(cfg))
+    try:
+        device = _generate_missing(cfg, benchmark, method, examples, recorder)
+        wanted = {e.index for e in examples}
+        samples = sorted(
+            (s for s in recorder.samples() if s["index"] in wanted), key=lambda s: s["index"]
+        )
+        metrics = summarize(samples, recorder.timings(), float(cfg.method.get("sparsity", 0.0)))
+        names = {"benchmark": benchmark.name, "model": cfg.model.name, "method": method_name(cfg)}
+        record = recorder.finish(metrics, provenance(cfg.seed, device), extra=names)
+        tracker.log_run(record, samples)
+        return record
+    finally:
+        tracker.finish()
+
+
+def _generate_missing(
+    cfg: DictConfig,
+    benchmark: Benchmark,
+    method: Any,
+    examples: list[Example],
+    recorder: RunRecorder,
+) -> str:
+    """Generate every batch that has an example not yet on disk; returns the device used."""
+    done = recorder.done_indices()
+    bs = cfg.batch_size
+    # Batches are cut from the full selection, so a resumed run sees the same batch compositions
+    # (a batch-shared mask depends on who else is in the batch).
+    batches = [examples[i : i + bs] for i in range(0, len(examples), bs)]
+    todo = [b for b in batches if any(e.index not in done for e in b)]
+    if not todo:
+        return str(cfg.model.device)
+    if done:
+        log.info("resuming %s: %d examples already recorded", recorder.dir, len(done))
+    model, tokenizer = load_model(cfg.model, cfg.paths.cache_dir)
+    adapter = adapter_for(model)
+    method.prepare(model, adapter)
+    gen = cfg.generation
+    sampling = SamplingConfig(gen.max_new_tokens, gen.do_sample, gen.temperature, gen.top_p)
+    runner = BatchedRunner(model, tokenizer, method, adapter, sampling, seed=cfg.seed)
+    correct = tokens = 0
+    decode_s = 0.0
+    scored = 0
+    bar = tqdm(todo, desc=recorder.key, unit="batch", disable=not cfg.progress)
+    with method.attach(model, adapter):
+        for batch in bar:
+            prompts = [render_prompt(tokenizer, cfg.model, e.question) for e in batch]
+            completions, timing = runner.generate(prompts)
+            rows = [
+                sample_row(e, c, benchmark.score(c.text, e.gold))
+                for e, c in zip(batch, completions)
+                if e.index not in done
+            ]
+            recorder.append(
+                rows,
+                {
+                    "indices": [e.index for e in batch],
+                    "prefill_s": timing.prefill_s,
+                    "decode_s": timing.decode_s,
+                    "decode_tokens": timing.decode_tokens,
+                    "step_ms": [round(1e3 * s, 4) for s in timing.step_s],
+                },
+            )
+            scored += len(rows)
+            correct += sum(r["correct"] is True for r in rows)
+            tokens += timing.decode_tokens
+            decode_s += timing.decode_s
+            bar.set_postfix(
+                acc=f"{correct / scored:.3f}", tok_s=f"{tokens / max(decode_s, 1e-9):.1f}"
+            )
+    return str(runner.device)
+
+
+def rescore(run_dir: str | Path) -> dict:
+    """Re-score a run from its samples, without a model; rewrites samples.jsonl and run.json."""
+    run_dir = Path(run_dir)
+    config_path = run_dir / "config.yaml"
+    if not config_path.exists():
+        raise UserError(f"{str(run_dir)!r} is not a run folder (no config.yaml)")
+    cfg = OmegaConf.load(config_path)
+    benchmark: Benchmark = build(cfg.benchmark)
+    recorder = RunRecorder(run_dir.parent, run_dir.name)
+    samples = recorder.samples()
+    for s in samples:
+        score = benchmark.score(s["completion"], s["gold"])
+        s.update(prediction=score.prediction, correct=score.correct, score_reason=score.reason)
+    tmp = recorder.samples_path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
+    tmp.replace(recorder.samples_path)
+    old = json.loads(recorder.run_path.read_text()) if recorder.run_path.exists() else {}
+    metrics = summarize(samples, recorder.timings(), float(cfg.method.get("sparsity", 0.0)))
+    prov = old.get("provenance") or provenance(cfg.seed, str(cfg.model.device))
+    extra = {k: old[k] for k in ("benchmark", "model", "method") if k in old}
+    recorder.key = old.get("run_key", run_dir.name)
+    return recorder.finish(metrics, prov, extra={**extra, "rescored": True})

@@ -1,0 +1,23 @@
+"""Turning a benchmark question into the model's prompt text, through its chat template."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+from transformers import PreTrainedTokenizerBase
+
+
+def render_prompt(tokenizer: PreTrainedTokenizerBase, model_cfg: DictConfig, question: str) -> str:
+    """The text the model continues: chat template (with the model's options) or the raw question.
+
+    No system prompt unless the model config sets one (DeepSeek-R1 usage recommendation); template
+    options such as Qwen3's `enable_thinking` come from `model.chat_template_kwargs`.
+    """
+    if not model_cfg.chat_template:
+        return question
+    messages = [{"role": "user", "content": question}]
+    if model_cfg.system_prompt:
+        messages.insert(0, {"role": "system", "content": model_cfg.system_prompt})
+    kwargs = OmegaConf.to_container(model_cfg.chat_template_kwargs, resolve=True)
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, **kwargs
+    )

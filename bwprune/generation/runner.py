@@ -1,0 +1,166 @@
+"""The batched generation loop: left-padded prefill, then decode steps on the HF KV cache.
+
+It is explicit rather than `model.generate` because methods need the step index, which tokens are
+valid and which rows have finished at every forward, and because prefill and decode are timed
+separately. For the `dense` method its greedy tokens equal `model.generate(do_sample=False)`.
+The runner knows only the `PruningMethod` interface; it never scores answers.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers import DynamicCache, PreTrainedTokenizerBase
+
+from bwprune.generation.timing import StepTimer
+from bwprune.methods.base import Phase, PruningMethod, StepContext
+from bwprune.methods.ledger import SparsityLedger
+from bwprune.models.adapters import ModelAdapter
+
+
+@dataclass
+class Completion:
+    text: str
+    token_ids: list[int]  # generated ids, the stop token included when there is one
+    finish_reason: str  # "stop" (a stop token) | "length" (max_new_tokens reached)
+    sparsity: dict  # this row's `SparsityLedger` summary
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class BatchTiming:
+    prefill_s: float
+    decode_s: float
+    decode_tokens: int  # tokens produced by decode steps for rows still running
+    step_s: list[float] = field(default_factory=list)
+
+    @property
+    def median_step_ms(self) -> float:
+        return 1e3 * statistics.median(self.step_s) if self.step_s else 0.0
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    max_new_tokens: int
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+def stop_token_ids(model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """EOS ids from the generation config (may be a list) and the tokenizer."""
+    ids = getattr(model.generation_config, "eos_token_id", None)
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return sorted(set(ids))
+
+
+class BatchedRunner:
+    """Generates completions for a batch of prompt strings under one pruning method."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        method: PruningMethod,
+        adapter: ModelAdapter,
+        sampling: SamplingConfig,
+        seed: int = 0,
+    ) -> None:
+        self.model, self.tokenizer, self.method = model, tokenizer, method
+        self.sampling = sampling
+        self.device = next(model.parameters()).device
+        self.ledger = SparsityLedger(adapter, self.device)
+        self.stop_ids = torch.tensor(stop_token_ids(model, tokenizer), device=self.device)
+        self.pad_id = tokenizer.pad_token_id
+        # One generator per run, seeded once: sampled runs are reproducible batch after batch.
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    def _next_token(self, logits: torch.Tensor) -> torch.Tensor:
+        """(B, V) logits of the last position -> (B,) token ids."""
+        s = self.sampling
+        if not s.do_sample:
+            return logits.argmax(dim=-1)
+        probs = torch.softmax(logits.float() / s.temperature, dim=-1)
+        if s.top_p < 1.0:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            # keep the smallest prefix whose mass reaches top_p (the top token always survives)
+            drop = sorted_p.cumsum(dim=-1) - sorted_p > s.top_p
+            probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+        return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[str]) -> tuple[list[Completion], BatchTiming]:
+        enc = self.tokenizer(
+            prompts, return_tensors="pt", padding=True, add_special_tokens=False
+        ).to(self.device)
+        ids, attn = enc.input_ids, enc.attention_mask
+        batch = ids.shape[0]
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: real tokens start at 0
+        cache = DynamicCache(config=self.model.config)
+        finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        self.method.begin_batch(batch)
+        self.ledger.reset(batch)
+        timer = StepTimer(self.device)
+
+        timer.mark()
+        ctx = StepContext(Phase.PREFILL, 0, attn.bool(), finished)
+        self.method.begin_step(ctx)
+        logits = self.model(
+            input_ids=ids, attention_mask=attn, position_ids=positions,
+            cache=cache, use_cache=True, logits_to_keep=1,
+        ).logits[:, -1]  # fmt: skip
+        self.method.end_step(ctx)
+        token = self._next_token(logits)
+        timer.mark()
+        generated = [token]
+        finished = torch.isin(token, self.stop_ids)
+        position = positions[:, -1:]
+
+        for step in range(self.sampling.max_new_tokens - 1):
+            if bool(finished.all()):
+                break
+            attn = torch.cat([attn, attn.new_ones(batch, 1)], dim=-1)
+            position = position + 1
+            active = ~finished
+            ctx = StepContext(Phase.DECODE, step, active[:, None], finished)
+            self.method.begin_step(ctx)
+            logits = self.model(
+                input_ids=token[:, None], attention_mask=attn, position_ids=position,
+                cache=cache, use_cache=True,
+            ).logits[:, -1]  # fmt: skip
+            self.ledger.record(self.method.end_step(ctx), active)
+            token = self._next_token(logits).masked_fill(finished, self.pad_id)
+            generated.append(token)
+            finished = finished | torch.isin(token, self.stop_ids)
+            timer.mark()
+
+        intervals = timer.intervals_s()
+        completions = self._completions(torch.stack(generated, dim=1))
+        timing = BatchTiming(
+            prefill_s=intervals[0],
+            decode_s=sum(intervals[1:]),
+            decode_tokens=sum(c["decode_steps"] for c in (x.sparsity for x in completions)),
+            step_s=intervals[1:],
+        )
+        return completions, timing
+
+    def _completions(self, tokens: torch.Tensor) -> list[Completion]:
+        """(B, N) generated ids -> per-row text cut at the first stop token."""
+        is_stop = torch.isin(tokens, self.stop_ids).cpu()
+        rows = tokens.cpu().tolist()
+        out = []
+        for b, (row, sparsity) in enumerate(zip(rows, self.ledger.rows())):
+            stops = is_stop[b].nonzero()
+            end = int(stops[0]) + 1 if len(stops) else len(row)
+            text = self.tokenizer.decode(row[: end - 1 if len(stops) else end])
+            reason = "stop" if len(stops) else "length"
+            out.append(Completion(text, row[:end], reason, sparsity))
+        return out

@@ -1,0 +1,183 @@
+"""Run records on disk: one folder per resolved config, written as results are produced.
+
+Layout of a run folder (see README "Results"):
+  config.yaml    the resolved config, written first
+  samples.jsonl  one line per example, appended and flushed after every batch
+  timing.jsonl   one line per generated batch (prefill/decode seconds, per-step times)
+  run.json       written last: metrics + provenance; its presence marks the run complete
+Metrics are a pure function of samples.jsonl and timing.jsonl (`summarize`), so an interrupted run
+resumes where it stopped and a rescored run needs no model. This module never imports torch at
+import time and knows nothing of any method.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import platform
+import statistics
+import subprocess
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from bwprune.methods.ledger import combine
+
+# Keys that never change what a run computes: they are left out of the run's identity.
+NON_IDENTITY_KEYS = ("logger", "paths", "tags", "exp_name", "progress", "sparsity", "hydra")
+VERSIONED_PACKAGES = ("torch", "transformers", "math-verify", "hydra-core", "bwprune")
+
+
+def method_name(cfg: DictConfig) -> str:
+    """A method's option name is its module's name: `baselines.teal.TEAL` -> `teal`."""
+    return str(cfg.method._target_).rsplit(".", 2)[-2]
+
+
+def identity(cfg: DictConfig) -> dict:
+    """The resolved config without the keys that cannot change the outputs."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    return {k: v for k, v in resolved.items() if k not in NON_IDENTITY_KEYS}
+
+
+def run_key(cfg: DictConfig) -> str:
+    """`<benchmark>/<model>/<method>/rho=<ρ>_bs=<B>_seed=<s>_<hash8>`, unique per identity.
+
+    ρ is the method's own `sparsity` (0 for methods without one, e.g. dense), so a dense run is the
+    same run whatever top-level `sparsity` says.
+    """
+    ident = identity(cfg)
+    digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:8]
+    rho = float(cfg.method.get("sparsity", 0.0))
+    leaf = f"rho={rho:g}_bs={cfg.batch_size}_seed={cfg.seed}_{digest}"
+    return f"{cfg.benchmark.name}/{cfg.model.name}/{method_name(cfg)}/{leaf}"
+
+
+def provenance(seed: int, device: str) -> dict:
+    """Where a run's numbers came from: code version, package versions, machine."""
+    repo = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    versions = {}
+    for pkg in VERSIONED_PACKAGES:
+        try:
+            versions[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            versions[pkg] = None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    import torch  # deferred: this module is also used by tools that never load a model
+
+    return {
+        "git_sha": git("rev-parse", "HEAD"),
+        "git_dirty": bool(status) if status is not None else None,
+        "versions": versions,
+        "python": platform.python_version(),
+        "device": device,
+        "device_name": torch.cuda.get_device_name()
+        if device.startswith("cuda")
+        else platform.processor() or platform.machine(),
+        "torch_threads": torch.get_num_threads(),
+        "hostname": platform.node(),
+        "seed": seed,
+    }
+
+
+class RunRecorder:
+    """Owns one run folder: appends samples and timings as they come, writes run.json last."""
+
+    def __init__(self, root: str | Path, key: str) -> None:
+        self.key = key
+        self.dir = Path(root) / key
+        self.samples_path = self.dir / "samples.jsonl"
+        self.timing_path = self.dir / "timing.jsonl"
+        self.run_path = self.dir / "run.json"
+
+    def is_complete(self) -> bool:
+        return self.run_path.exists()
+
+    def start(self, cfg: DictConfig) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for path in (self.samples_path, self.timing_path):
+            if path.exists():  # drop a line a crash cut short, so appends start on a clean line
+                rows = _read_jsonl(path)
+                path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        (self.dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+
+    def samples(self) -> list[dict]:
+        return _read_jsonl(self.samples_path)
+
+    def timings(self) -> list[dict]:
+        return _read_jsonl(self.timing_path)
+
+    def done_indices(self) -> set[int]:
+        return {s["index"] for s in self.samples()}
+
+    def append(self, samples: Iterable[dict], timing: dict) -> None:
+        """Write one batch; both files are flushed before generation goes on."""
+        _append_jsonl(self.samples_path, samples)
+        _append_jsonl(self.timing_path, [timing])
+
+    def finish(self, metrics: dict, prov: dict, extra: dict | None = None) -> dict:
+        record = {
+            "run_key": self.key,
+            "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "metrics": metrics,
+            "provenance": prov,
+            **(extra or {}),
+        }
+        tmp = self.run_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        tmp.replace(self.run_path)
+        return record
+
+
+def summarize(samples: list[dict], timings: list[dict], target_sparsity: float) -> dict:
+    """`run.json` metrics from the per-sample and per-batch records."""
+    n = len(samples)
+    correct = sum(1 for s in samples if s["correct"] is True)
+    decode_s = sum(t["decode_s"] for t in timings)
+    steps_ms = [ms for t in timings for ms in t["step_ms"]]
+    return {
+        "n": n,
+        "accuracy": correct / n if n else 0.0,
+        "correct": correct,
+        "unscorable": sum(1 for s in samples if s["correct"] is None),
+        "target_sparsity": target_sparsity,
+        "realized_sparsity": combine(s["sparsity"] for s in samples),
+        "mean_new_tokens": sum(s["new_tokens"] for s in samples) / n if n else 0.0,
+        "decode_tokens_per_s": sum(t["decode_tokens"] for t in timings) / decode_s
+        if decode_s
+        else 0.0,
+        "decode_ms_per_step": statistics.median(steps_ms) if steps_ms else 0.0,
+        "prefill_s": sum(t["prefill_s"] for t in timings),
+        "decode_s": decode_s,
+    }
+
+
+def _append_jsonl(path: Path, rows: Iterable[dict]) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        f.flush()
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    """Complete lines only: a line cut short by a crash is dropped (and regenerated on resume)."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows

@@ -1,0 +1,99 @@
+"""Experiment trackers: W&B as a mirror of the local records, or nothing.
+
+The local run folder is the source of truth; a tracker only mirrors it. A tracker failure is
+logged and never stops a run, and `finish` is always called (multirun jobs share one process).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+
+class NullTracker:
+    """`logger=none`: records stay local."""
+
+    def log_run(self, record: dict, samples: list[dict]) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+class WandbTracker:
+    """`logger=wandb`: config, metrics (acc/, sparsity/, speed/ sections) and a samples table."""
+
+    def __init__(self, cfg: DictConfig, run_key: str, method: str) -> None:
+        self.run: Any = None
+        mode = cfg.logger.mode
+        if mode == "auto":
+            mode = "online" if os.environ.get("WANDB_API_KEY") or _logged_in() else "offline"
+            if mode == "offline":
+                log.info("wandb: no API key found, logging offline (upload later: `wandb sync`)")
+        try:
+            import wandb
+
+            self.run = wandb.init(
+                project=cfg.logger.project,
+                entity=cfg.logger.entity,
+                group=cfg.exp_name,
+                job_type=method,
+                name=run_key,
+                tags=list(cfg.tags),
+                config=OmegaConf.to_container(cfg, resolve=True),
+                mode=mode,
+                reinit="finish_previous",
+            )
+        except Exception as e:  # the run must complete with its local records whatever wandb does
+            log.warning("wandb.init failed (%s); continuing with local records only", e)
+
+    def log_run(self, record: dict, samples: list[dict]) -> None:
+        if self.run is None:
+            return
+        try:
+            import wandb
+
+            m = record["metrics"]
+            rs = m["realized_sparsity"]
+            self.run.summary.update(
+                {
+                    f"acc/{record['benchmark']}": m["accuracy"],
+                    "sparsity/target": m["target_sparsity"],
+                    "sparsity/realized_ffn": rs["ffn"],
+                    "sparsity/realized_params": rs["params"],
+                    "speed/decode_tokens_per_s": m["decode_tokens_per_s"],
+                    "speed/decode_ms_per_step": m["decode_ms_per_step"],
+                    "speed/prefill_s": m["prefill_s"],
+                    "n": m["n"],
+                    "unscorable": m["unscorable"],
+                }
+            )
+            columns = ["index", "prediction", "gold", "correct", "new_tokens", "completion"]
+            table = wandb.Table(columns=columns)
+            for s in samples:
+                table.add_data(*(s[c] for c in columns))
+            self.run.log({"samples": table})
+        except Exception as e:
+            log.warning("wandb logging failed (%s); local records are complete", e)
+
+    def finish(self) -> None:
+        if self.run is not None:
+            try:
+                self.run.finish()
+            except Exception as e:
+                log.warning("wandb.finish failed (%s)", e)
+            self.run = None
+
+
+def _logged_in() -> bool:
+    netrc = os.path.expanduser("~/.netrc")
+    return os.path.exists(netrc) and "api.wandb.ai" in open(netrc).read()
+
+
+def make_tracker(cfg: DictConfig, run_key: str, method: str) -> NullTracker | WandbTracker:
+    return WandbTracker(cfg, run_key, method) if cfg.logger.backend == "wandb" else NullTracker()

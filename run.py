@@ -1,0 +1,40 @@
+"""Entry point: `python run.py [overrides]`, `python run.py -m key=a,b` for sweeps.
+
+Composes conf/config.yaml and hands it to `bwprune.experiment.run`; prints a short summary.
+"""
+
+import logging
+import sys
+
+import hydra
+from omegaconf import DictConfig
+from transformers.utils import logging as hf_logging
+
+import bwprune  # noqa: F401  (registers the config resolvers)
+from bwprune.errors import UserError
+from bwprune.experiment import run
+
+log = logging.getLogger("bwprune")
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    hf_logging.disable_progress_bar()  # one progress bar: ours, over batches
+    try:
+        record = run(cfg)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    m = record["metrics"]
+    rs = m["realized_sparsity"]
+    print(
+        f"{record['run_key']}\n"
+        f"  accuracy {m['accuracy']:.3f} ({m['correct']}/{m['n']}, {m['unscorable']} unscorable)"
+        f"  realized sparsity ffn {rs['ffn']:.3f} params {rs['params']:.3f}"
+        f"  decode {m['decode_tokens_per_s']:.1f} tok/s ({m['decode_ms_per_step']:.1f} ms/step)\n"
+        f"  results: {cfg.paths.runs_dir}/{record['run_key']}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Shared fixtures: composed configs with results in tmp_path, and tiny random models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
+
+import bwprune  # noqa: F401  (resolvers)
+from bwprune.models.loading import load_model
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+TINY_MODELS = ("tiny_llama", "tiny_qwen2")
+
+
+def compose_cfg(overrides: list[str] = (), tmp_path: Path | None = None) -> DictConfig:
+    """conf/config.yaml composed as run.py would, with run records under `tmp_path`."""
+    extra = [f"paths.results_dir={tmp_path}"] if tmp_path is not None else []
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("config", overrides=["progress=false", *extra, *overrides])
+
+
+@pytest.fixture
+def cfg_factory(tmp_path):
+    return lambda *overrides: compose_cfg(list(overrides), tmp_path)
+
+
+_MODELS: dict[str, tuple] = {}
+
+
+def tiny_model(name: str):
+    """(model, tokenizer) built from conf/model/<name>.yaml, shared across tests (read-only use)."""
+    if name not in _MODELS:
+        cfg = OmegaConf.load(Path(CONF_DIR) / "model" / f"{name}.yaml")
+        cfg.device = "cpu"
+        _MODELS[name] = load_model(cfg, cache_dir="unused")
+    return _MODELS[name]
+
+
+@pytest.fixture(params=TINY_MODELS)
+def tiny(request):
+    return tiny_model(request.param)
+
+
+def chat(tokenizer, texts: list[str]) -> list[str]:
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True
+        )
+        for t in texts
+    ]
+
+
+PROMPTS = ["What is 2 + 3?", "Hi", "A much longer question that needs a lot more padding, surely?"]
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

@@ -1,0 +1,49 @@
+"""Every option of every config group composes; methods and benchmarks instantiate."""
+
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from bwprune.experiment import build
+from bwprune.records import run_key
+from tests.conftest import CONF_DIR, compose_cfg
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group", ["model", "method", "benchmark", "generation", "logger", "paths"])
+def test_every_option_composes(group):
+    for option in options(group):
+        cfg = compose_cfg([f"{group}={option}"])
+        assert cfg[group] is not None
+        run_key(cfg)  # resolves every interpolation
+
+
+@pytest.mark.parametrize("method", options("method"))
+def test_every_method_instantiates(method):
+    assert build(compose_cfg([f"method={method}"]).method) is not None
+
+
+@pytest.mark.parametrize("benchmark", options("benchmark"))
+def test_every_benchmark_loads(benchmark):
+    examples = build(compose_cfg([f"benchmark={benchmark}"]).benchmark).examples()
+    assert examples and all(e.question and e.gold for e in examples[:5])
+
+
+@pytest.mark.parametrize("group", ["model", "method", "benchmark"])
+def test_unknown_option_lists_choices(group):
+    with pytest.raises(ConfigCompositionException) as e:
+        compose_cfg([f"{group}=nope"])
+    assert options(group)[0] in str(e.value.__cause__ or e.value)
+
+
+def test_run_key_separates_configs_and_ignores_logging():
+    base = run_key(compose_cfg([]))
+    assert base.startswith("gsm8k/smollm2_135m/dense/rho=0_bs=4_seed=0_")
+    assert run_key(compose_cfg(["sparsity=0.3"])) == base  # dense has no sparsity
+    assert run_key(compose_cfg(["logger=wandb", "tags=[x]", "exp_name=y"])) == base
+    assert run_key(compose_cfg(["generation=sampled"])) != base
+    assert run_key(compose_cfg(["limit=3"])) != base

