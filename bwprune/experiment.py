@@ -23,6 +23,7 @@ from bwprune.config import validate
 from bwprune.errors import UserError
 from bwprune.generation.prompts import render_prompt
 from bwprune.generation.runner import BatchedRunner, Completion, SamplingConfig
+from bwprune.methods.ledger import SparsityLedger
 from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
 from bwprune.records import RunRecorder, method_name, provenance, run_key, summarize
@@ -112,10 +113,11 @@ def _generate_missing(
         log.info("resuming %s: %d examples already recorded", recorder.dir, len(done))
     model, tokenizer = load_model(cfg.model, cfg.paths.cache_dir)
     adapter = adapter_for(model)
+    ledger = SparsityLedger(adapter, next(model.parameters()).device)  # relative to the original
     method.prepare(model, adapter)
     gen = cfg.generation
     sampling = SamplingConfig(gen.max_new_tokens, gen.do_sample, gen.temperature, gen.top_p)
-    runner = BatchedRunner(model, tokenizer, method, adapter, sampling, seed=cfg.seed)
+    runner = BatchedRunner(model, tokenizer, method, adapter, sampling, cfg.seed, ledger)
     correct = tokens = 0
     decode_s = 0.0
     scored = 0

@@ -27,7 +27,10 @@ from omegaconf import DictConfig, OmegaConf
 from bwprune.methods.ledger import combine
 
 # Keys that never change what a run computes: they are left out of the run's identity.
-NON_IDENTITY_KEYS = ("logger", "paths", "tags", "exp_name", "progress", "sparsity", "hydra")
+# `sparsity` and `calibration` matter only through the method config that interpolates them.
+NON_IDENTITY_KEYS = (
+    "logger", "paths", "tags", "exp_name", "progress", "sparsity", "calibration", "hydra",
+)  # fmt: skip
 VERSIONED_PACKAGES = ("torch", "transformers", "math-verify", "hydra-core", "bwprune")
 
 
@@ -39,7 +42,14 @@ def method_name(cfg: DictConfig) -> str:
 def identity(cfg: DictConfig) -> dict:
     """The resolved config without the keys that cannot change the outputs."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    return {k: v for k, v in resolved.items() if k not in NON_IDENTITY_KEYS}
+    return _drop_cache_dirs({k: v for k, v in resolved.items() if k not in NON_IDENTITY_KEYS})
+
+
+def _drop_cache_dirs(node):
+    """Where a cache lives never changes results; a method may carry `cache_dir` in its config."""
+    if isinstance(node, dict):
+        return {k: _drop_cache_dirs(v) for k, v in node.items() if k != "cache_dir"}
+    return node
 
 
 def run_key(cfg: DictConfig) -> str:

@@ -73,11 +73,13 @@ class BatchedRunner:
         adapter: ModelAdapter,
         sampling: SamplingConfig,
         seed: int = 0,
+        ledger: SparsityLedger | None = None,
     ) -> None:
+        """`ledger`: built before the method's `prepare` when that changes the model's shape."""
         self.model, self.tokenizer, self.method = model, tokenizer, method
         self.sampling = sampling
         self.device = next(model.parameters()).device
-        self.ledger = SparsityLedger(adapter, self.device)
+        self.ledger = ledger or SparsityLedger(adapter, self.device)
         self.stop_ids = torch.tensor(stop_token_ids(model, tokenizer), device=self.device)
         self.pad_id = tokenizer.pad_token_id
         # One generator per run, seeded once: sampled runs are reproducible batch after batch.

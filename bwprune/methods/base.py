@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from bwprune.hooks import HookSet
+from bwprune.methods.ledger import StepSparsity
 from bwprune.models.adapters import ModelAdapter
 
 
@@ -64,11 +65,9 @@ class PruningMethod:
     def begin_step(self, ctx: StepContext) -> None:
         """Called before every forward (prefill and each decode step)."""
 
-    def end_step(self, ctx: StepContext) -> torch.Tensor | None:
-        """Called after every forward; returns the FFN neuron sparsity that forward ran at.
+    def end_step(self, ctx: StepContext) -> StepSparsity | None:
+        """Called after every forward; returns what that forward skipped (None: it was dense).
 
-        Shape (L,) when the batch shares it, (B, L) per row: the fraction of each layer's FFN
-        neurons skipped. `None` means the forward was dense. Only decode steps are counted
-        (see `SparsityLedger`).
+        Only decode steps are counted (see `bwprune.methods.ledger`).
         """
         return None

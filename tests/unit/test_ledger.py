@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from bwprune.methods.ledger import SparsityLedger, combine
+from bwprune.methods.ledger import SparsityLedger, StepSparsity, combine
 from bwprune.models.adapters import adapter_for
 
 
@@ -14,8 +14,10 @@ def test_ledger_definitions(tiny):
     ledger.reset(2)
     both, first_only = torch.tensor([True, True]), torch.tensor([True, False])
     ledger.record(None, both)  # dense step
-    ledger.record(torch.tensor([0.5, 0.5]), both)  # shared mask
-    ledger.record(torch.tensor([[0.25, 0.75], [1.0, 1.0]]), first_only)  # row 1 finished
+    ledger.record(StepSparsity(torch.tensor([0.5, 0.5])), both)  # shared mask
+    ledger.record(
+        StepSparsity(torch.tensor([[0.25, 0.75], [1.0, 1.0]])), first_only
+    )  # row 1 finished
     r0, r1 = ledger.rows()
     assert (r0["decode_steps"], r0["sparse_steps"], r1["decode_steps"]) == (3, 2, 2)
     assert r0["ffn"] == pytest.approx((0 + 0.5 + 0.5) / 3)
@@ -37,3 +39,13 @@ def test_dense_rows_are_zero(tiny):
     for _ in range(4):
         ledger.record(None, torch.ones(3, dtype=torch.bool))
     assert all(r["ffn"] == r["params"] == 0 and r["decode_steps"] == 4 for r in ledger.rows())
+
+
+def test_explicit_parameter_count(tiny):
+    model, _ = tiny
+    adapter = adapter_for(model)
+    ledger = SparsityLedger(adapter, torch.device("cpu"))
+    ledger.reset(1)
+    skipped = torch.tensor(adapter.num_params() / 4)
+    ledger.record(StepSparsity(torch.zeros(2), params=skipped), torch.tensor([True]))
+    assert ledger.rows()[0]["params"] == pytest.approx(0.25)
