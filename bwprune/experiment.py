@@ -114,7 +114,7 @@ def _generate_missing(
     model, tokenizer = load_model(cfg.model, cfg.paths.cache_dir)
     adapter = adapter_for(model)
     ledger = SparsityLedger(adapter, next(model.parameters()).device)  # relative to the original
-    method.prepare(model, adapter)
+    method.prepare(model, adapter, tokenizer)
     gen = cfg.generation
     sampling = SamplingConfig(gen.max_new_tokens, gen.do_sample, gen.temperature, gen.top_p)
     runner = BatchedRunner(model, tokenizer, method, adapter, sampling, cfg.seed, ledger)

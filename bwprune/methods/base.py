@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from transformers import PreTrainedTokenizerBase
 
 from bwprune.hooks import HookSet
 from bwprune.methods.ledger import StepSparsity
@@ -52,8 +53,13 @@ class PruningMethod:
 
     batch_coupled: bool = False
 
-    def prepare(self, model: nn.Module, adapter: ModelAdapter) -> None:
-        """One-off work before any generation: calibration, static weight pruning."""
+    def prepare(
+        self, model: nn.Module, adapter: ModelAdapter, tokenizer: PreTrainedTokenizerBase
+    ) -> None:
+        """One-off work before any generation: calibration, static weight pruning.
+
+        The tokenizer is here for calibration text (`bwprune.calibration.calibration_windows`).
+        """
 
     def attach(self, model: nn.Module, adapter: ModelAdapter) -> HookSet:
         """Install hooks / module swaps; everything is undone when the returned set exits."""

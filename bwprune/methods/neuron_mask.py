@@ -1,0 +1,100 @@
+"""Shared mechanics of methods that keep a batch-shared set of FFN neurons per layer.
+
+`NeuronMaskMethod` swaps a `SlicedMLP` into every layer, so a kept set turns into real smaller
+matmuls, and reads the FF activation Z (the input of down_proj) with a pre-hook when the subclass
+asks for it. Subclasses decide *when* to observe and *which* neurons to keep (paper A's periodic
+top-k, Griffin's prompt-phase top-k, ...). This module holds no selection policy.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from bwprune.hooks import HookSet
+from bwprune.methods.base import PruningMethod, StepContext
+from bwprune.methods.ledger import StepSparsity
+from bwprune.methods.neuron_scores import normalized_sq, phase_score
+from bwprune.models.adapters import ModelAdapter
+from bwprune.models.sliced_mlp import SlicedMLP
+
+
+class PhaseScores:
+    """Running Eq. 2 statistics of one scoring phase: per layer, per row, per neuron."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.sum_sq: list[torch.Tensor | None] = [None] * num_layers  # (B, D) each
+        self.count: torch.Tensor | None = None  # (B,) valid tokens seen in this phase
+
+    def add(self, layer: int, z: torch.Tensor, valid: torch.Tensor) -> None:
+        """Accumulate layer `layer`'s (B, T, D) activations over the (B, T) valid tokens."""
+        sq = normalized_sq(z, valid)
+        prev = self.sum_sq[layer]
+        self.sum_sq[layer] = sq if prev is None else prev + sq
+
+    def count_tokens(self, valid: torch.Tensor) -> None:
+        """Once per forward (not per layer): every layer sees the same tokens."""
+        n = valid.sum(dim=1).float()
+        self.count = n if self.count is None else self.count + n
+
+    def scores(self, layer: int) -> torch.Tensor:
+        """(B, D) Eq. 2 scores of this phase for `layer`."""
+        return phase_score(self.sum_sq[layer], self.count)
+
+    @property
+    def rows(self) -> torch.Tensor:
+        """(B,) rows that contributed at least one valid token."""
+        return self.count > 0
+
+
+class NeuronMaskMethod(PruningMethod):
+    """Base for methods whose effect is "layer l computes only the neurons in index_l"."""
+
+    batch_coupled = True
+
+    def __init__(self) -> None:
+        self.sliced: list[SlicedMLP] = []
+        self.phase: PhaseScores | None = None  # set by the subclass while it is observing
+        self._ffn_sparsity: torch.Tensor | None = None  # (L,) of the current kept sets; None: dense
+
+    def attach(self, model: nn.Module, adapter: ModelAdapter) -> HookSet:
+        hooks = HookSet()
+        self.sliced = []
+        for view in adapter.ffns():
+            sliced = SlicedMLP(view.mlp)
+            hooks.swap(view.layer, "mlp", sliced)
+            hooks.forward_pre(view.down, self._observer(view.index))
+            self.sliced.append(sliced)
+        return hooks
+
+    def _observer(self, layer: int):
+        def read_z(module: nn.Module, args: tuple) -> None:
+            if self.phase is not None:
+                self.phase.add(layer, args[0], self._valid)
+
+        return read_z
+
+    def begin_step(self, ctx: StepContext) -> None:
+        self._valid = ctx.valid
+        if self.phase is not None:
+            self.phase.count_tokens(ctx.valid)
+
+    def set_kept(self, indices: list[torch.Tensor] | None) -> None:
+        """Keep `indices[l]` in layer l from the next forward on; None: every layer dense."""
+        if indices is None:
+            for s in self.sliced:
+                s.set_index(None)
+            self._ffn_sparsity = None
+            return
+        for s, idx in zip(self.sliced, indices):
+            s.set_index(None if idx.numel() == s.d_ff else idx)  # all kept: the exact dense path
+        if all(s.index is None for s in self.sliced):
+            self._ffn_sparsity = None
+            return
+        device = indices[0].device
+        kept = torch.tensor([s.kept for s in self.sliced], dtype=torch.float64, device=device)
+        d_ff = torch.tensor([s.d_ff for s in self.sliced], dtype=torch.float64, device=device)
+        self._ffn_sparsity = 1.0 - kept / d_ff
+
+    def end_step(self, ctx: StepContext) -> StepSparsity | None:
+        return None if self._ffn_sparsity is None else StepSparsity(self._ffn_sparsity)

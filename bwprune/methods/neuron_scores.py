@@ -1,0 +1,66 @@
+"""Pure tensor math for FFN-neuron importance: paper A's Eq. 2–4, also used by Griffin.
+
+No modules, no state beyond the tensors passed in, so every function can be checked on hand-made
+inputs. Shapes: B rows, T tokens, D = D_FF neurons.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from bwprune.errors import choices_error
+
+AGGREGATES = ("max", "mean")
+K_RULES = ("floor", "round")
+
+
+def normalized_sq(z: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(B, T, D) FF activations -> (B, D): Σ_t (z_t / ‖z_t‖₂)² over valid tokens.
+
+    Eq. 2's numerator, squared: each token's activation vector is scaled to unit L2 norm, so a token
+    with large overall activation cannot dominate. Invalid tokens (padding, finished rows) add 0.
+    """
+    z = z.float()
+    unit = z / z.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    return (unit.square() * valid[..., None].to(unit.dtype)).sum(dim=1)
+
+
+def phase_score(sum_sq: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """Eq. 2: s_j = ‖Z̄_{·,j}‖₂ / √T from accumulated `normalized_sq` (B, D) and token counts (B,).
+
+    The 1/√T removes length bias, so a long prompt and a 4-token exploration window are comparable.
+    Rows without a valid token score 0.
+    """
+    return (sum_sq / count.clamp_min(1)[:, None].to(sum_sq.dtype)).sqrt()
+
+
+def aggregate(scores: torch.Tensor, rows: torch.Tensor, how: str) -> torch.Tensor:
+    """Eq. 3: (B, D) per-row scores -> (D,) batch score over the rows in `rows` (B,) bool.
+
+    `max` keeps a neuron that any sample needs (the paper's default); `mean` is the ablation.
+    Scores are >= 0, so rows left out contribute 0 to `max`.
+    """
+    if how == "max":
+        return (scores * rows[:, None].to(scores.dtype)).amax(dim=0)
+    if how == "mean":
+        weights = rows.to(scores.dtype)
+        return (scores * weights[:, None]).sum(dim=0) / weights.sum().clamp_min(1)
+    raise choices_error("aggregate", how, AGGREGATES)
+
+
+def kept_count(d_ff: int, sparsity: float, rule: str = "floor") -> int:
+    """k = ⌊(1 − ρ)·D_FF⌋ (paper) or round((1 − ρ)·D_FF) (the SGLang port); at least 1."""
+    if rule == "floor":
+        k = math.floor((1.0 - sparsity) * d_ff + 1e-9)
+    elif rule == "round":
+        k = round((1.0 - sparsity) * d_ff)
+    else:
+        raise choices_error("k_rule", rule, K_RULES)
+    return max(1, min(d_ff, k))
+
+
+def topk_index(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Eq. 4's kept set: indices of the k largest scores, sorted ascending (contiguous gathers)."""
+    return scores.topk(k, sorted=False).indices.sort().values

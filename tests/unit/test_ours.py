@@ -1,0 +1,152 @@
+"""`ours` (BWAP): schedule, memory, exact k, dense equivalence, threshold drift."""
+
+import pytest
+import torch
+
+from baselines.dense import Dense
+from bwprune.errors import UserError
+from bwprune.generation.runner import BatchedRunner, SamplingConfig
+from bwprune.methods.base import Phase
+from bwprune.methods.ours import BWAP
+from bwprune.models.adapters import adapter_for
+from tests.conftest import PROMPTS, chat, compose_cfg, tiny_model
+
+N = 40  # new tokens: t_init 4 + two periods of 3 sparse + 2 dense + ...
+
+
+def generate(model, tok, method, prompts, n=N):
+    adapter = adapter_for(model)
+    method.prepare(model, adapter, tok)
+    runner = BatchedRunner(model, tok, method, adapter, SamplingConfig(n))
+    with method.attach(model, adapter):
+        return runner.generate(chat(tok, prompts))
+
+
+class Recorder(BWAP):
+    """BWAP that logs, before each decode step, whether it prunes and the kept sets."""
+
+    def begin_batch(self, batch_size):
+        super().begin_batch(batch_size)
+        self.log = []
+
+    def begin_step(self, ctx):
+        super().begin_step(ctx)
+        if ctx.phase is Phase.DECODE:
+            kept = [None if s.index is None else s.index.clone() for s in self.sliced]
+            memory = [None if m is None else m.clone() for m in self.memory]
+            self.log.append((ctx.step, kept, memory))
+
+
+@pytest.mark.parametrize("kw", [dict(sparsity=0.0), dict(sparsity=0.5, t_prune=0)])
+def test_rho_zero_or_no_pruning_steps_is_dense(tiny, kw):
+    model, tok = tiny
+    dense, _ = generate(model, tok, Dense(), PROMPTS)
+    ours, timing = generate(model, tok, BWAP(**kw), PROMPTS)
+    assert [c.token_ids for c in ours] == [c.token_ids for c in dense]
+    assert all(c.sparsity["sparse_steps"] == 0 for c in ours)
+
+
+def test_schedule_exact_k_and_mask_changes_only_at_period_boundaries(tiny):
+    model, tok = tiny
+    method = Recorder(sparsity=0.5, t_init=4, t_explore=2, t_prune=3)
+    completions, _ = generate(model, tok, method, PROMPTS)
+    period = 5
+    prev = None
+    for step, kept, memory in method.log:
+        sparse = step >= 4 and (step - 4) % period < 3
+        assert (kept[0] is not None) == sparse, step
+        if sparse:
+            assert [k.numel() for k in kept] == method.k == [64, 64]  # exact k per layer
+            if prev is not None and (step - 4) % period != 0:
+                assert all(torch.equal(a, b) for a, b in zip(kept, prev)), step  # within a period
+            prev = kept
+    for c in completions:  # sparse-step FFN sparsity is exactly ρ
+        assert c.sparsity["ffn_sparse_steps"] == pytest.approx(0.5)
+
+
+def test_memory_only_grows(tiny):
+    model, tok = tiny
+    method = Recorder(sparsity=0.5, t_init=2, t_explore=2, t_prune=2)
+    generate(model, tok, method, PROMPTS)
+    memories = [m for _, _, m in method.log if m[0] is not None]
+    for before, after in zip(memories, memories[1:]):
+        assert all(torch.all(b <= a).item() for b, a in zip(before, after))
+
+
+def test_batch_of_one_equals_per_sample_scores(tiny):
+    """Max over a batch of one is that sample's own score: same masks as the row alone."""
+    model, tok = tiny
+    alone = Recorder(sparsity=0.5, t_init=3, t_explore=2, t_prune=3, aggregate="mean")
+    generate(model, tok, alone, PROMPTS[:1])
+    again = Recorder(sparsity=0.5, t_init=3, t_explore=2, t_prune=3, aggregate="max")
+    generate(model, tok, again, PROMPTS[:1])
+    for (_, k1, m1), (_, k2, m2) in zip(alone.log, again.log):
+        assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(k1, k2))
+
+
+def test_finished_and_padded_rows_do_not_move_the_mask(tiny):
+    """A row that stops at once contributes only its prompt; padding never contributes."""
+    model, tok = tiny
+    short = Recorder(sparsity=0.5, t_init=2, t_explore=2, t_prune=2)
+    both = Recorder(sparsity=0.5, t_init=2, t_explore=2, t_prune=2, aggregate="max")
+    generate(model, tok, short, PROMPTS[:1])
+    generate(model, tok, both, PROMPTS[:1] * 2)  # the same row twice: max == the row itself
+    for (_, k1, _), (_, k2, _) in zip(short.log, both.log):
+        assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(k1, k2))
+
+
+def test_threshold_drifts_with_batch_while_topk_stays_at_rho(tmp_path):
+    model, tok = tiny_model("tiny_llama")
+    cal = compose_cfg(["calibration.num_sequences=4", "calibration.seq_len=64"]).calibration
+    realized = {}
+    for select in ("topk", "threshold"):
+        for batch in (1, 3):
+            method = BWAP(0.5, t_init=2, t_explore=2, t_prune=4, select=select,
+                          calibration=cal, cache_dir=str(tmp_path))  # fmt: skip
+            completions, _ = generate(model, tok, method, (PROMPTS * 2)[:batch], n=30)
+            realized[select, batch] = completions[0].sparsity["ffn_sparse_steps"]
+    assert realized["topk", 1] == realized["topk", 3] == pytest.approx(0.5)
+    assert realized["threshold", 3] < realized["threshold", 1]  # max over more rows keeps more
+    assert list((tmp_path / "calibration" / "ours").rglob("artifact.pt"))  # cached for reuse
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (dict(sparsity=1.0), r"sparsity=1.0 is outside \[0, 1\)"),
+        (dict(sparsity=0.5, t_init=-1), "t_init=-1 must be >= 0"),
+        (dict(sparsity=0.5, aggregate="sum"), r"aggregate='sum' is not valid; choose one of"),
+        (dict(sparsity=0.5, k_rule="ceil"), "k_rule='ceil'"),
+        (dict(sparsity=0.5, select="random"), "select='random'"),
+        (dict(sparsity=0.5, select="threshold"), "needs a calibration config"),
+    ],
+)
+def test_bad_arguments(kw, message):
+    with pytest.raises(UserError, match=message):
+        BWAP(**kw)
+
+
+def test_finished_rows_do_not_change_the_batch_score(tiny):
+    """During decode a finished row still runs through the model (fed padding); its
+    activations must not enter the phase scores."""
+    from bwprune.methods.base import StepContext
+    from bwprune.methods.neuron_scores import aggregate
+
+    model, tok = tiny
+    adapter = adapter_for(model)
+    method = BWAP(0.5)
+    method.prepare(model, adapter, tok)
+    ids = torch.tensor([[5, 6, 7], [9, 200, 31]])
+
+    def batch_score(rows, valid):
+        with method.attach(model, adapter):
+            method.begin_batch(len(rows))
+            method.begin_step(
+                StepContext(Phase.PREFILL, 0, valid, torch.zeros(len(rows), dtype=torch.bool))
+            )
+            model(input_ids=ids[rows])
+            return aggregate(method.phase.scores(0), method.phase.rows, "max")
+
+    alone = batch_score([0], torch.ones(1, 3, dtype=torch.bool))
+    with_finished = batch_score([0, 1], torch.tensor([[True] * 3, [False] * 3]))
+    torch.testing.assert_close(with_finished, alone)
