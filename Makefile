@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-fast lint format tables figures rescore clean
+.PHONY: help install run test test-fast lint format tables figures bench rescore clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -43,6 +43,9 @@ tables: $(STAMP)  ## tables from results/runs -> results/tables/
 
 figures: $(STAMP)  ## figures from results/runs -> results/figures/
 	$(PY) scripts/make_figures.py
+
+bench: $(STAMP)  ## decode speed, methods alternated in one process -> results/speed/ (ARGS=overrides)
+	$(PY) scripts/bench_speed.py $(ARGS)
 
 rescore: $(STAMP)  ## re-score a run without a model: make rescore RUN=results/runs/...
 	$(PY) scripts/rescore.py $(RUN)

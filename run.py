@@ -10,11 +10,12 @@ import hydra
 from omegaconf import DictConfig
 from transformers.utils import logging as hf_logging
 
-import bwprune  # noqa: F401  (registers the config resolvers)
+from bwprune.config import register_resolvers
 from bwprune.errors import UserError
 from bwprune.experiment import run
 
 log = logging.getLogger("bwprune")
+register_resolvers()  # at import: launchers may import this module in worker processes
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

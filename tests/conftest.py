@@ -9,9 +9,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-import bwprune  # noqa: F401  (resolvers)
+from bwprune.config import register_resolvers
 from bwprune.models.loading import load_model
 
+register_resolvers()
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 TINY_MODELS = ("tiny_llama", "tiny_qwen2")
 

@@ -51,6 +51,7 @@ class SamplingConfig:
     do_sample: bool = False
     temperature: float = 1.0
     top_p: float = 1.0
+    ignore_eos: bool = False  # always generate max_new_tokens (speed runs: equal work per method)
 
 
 def stop_token_ids(model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -80,7 +81,8 @@ class BatchedRunner:
         self.sampling = sampling
         self.device = next(model.parameters()).device
         self.ledger = ledger or SparsityLedger(adapter, self.device)
-        self.stop_ids = torch.tensor(stop_token_ids(model, tokenizer), device=self.device)
+        stops = [] if sampling.ignore_eos else stop_token_ids(model, tokenizer)
+        self.stop_ids = torch.tensor(stops, dtype=torch.long, device=self.device)
         self.pad_id = tokenizer.pad_token_id
         # One generator per run, seeded once: sampled runs are reproducible batch after batch.
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -98,12 +100,17 @@ class BatchedRunner:
             probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
         return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
 
-    @torch.inference_mode()
     def generate(self, prompts: list[str]) -> tuple[list[Completion], BatchTiming]:
-        enc = self.tokenizer(
-            prompts, return_tensors="pt", padding=True, add_special_tokens=False
-        ).to(self.device)
-        ids, attn = enc.input_ids, enc.attention_mask
+        """Completions for prompt texts (already chat-templated), left-padded into one batch."""
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        return self.generate_tokens(enc.input_ids, enc.attention_mask)
+
+    @torch.inference_mode()
+    def generate_tokens(
+        self, ids: torch.Tensor, attn: torch.Tensor
+    ) -> tuple[list[Completion], BatchTiming]:
+        """Completions for (B, T) left-padded token ids and their attention mask."""
+        ids, attn = ids.to(self.device), attn.to(self.device)
         batch = ids.shape[0]
         positions = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: real tokens start at 0
         cache = DynamicCache(config=self.model.config)

@@ -59,12 +59,12 @@ class NeuronMaskMethod(PruningMethod):
 
     def attach(self, model: nn.Module, adapter: ModelAdapter) -> HookSet:
         hooks = HookSet()
-        self.sliced = []
-        for view in adapter.ffns():
-            sliced = SlicedMLP(view.mlp)
+        views = adapter.ffns()
+        if [s.mlp for s in self.sliced] != [v.mlp for v in views]:  # reuse gather buffers
+            self.sliced = [SlicedMLP(v.mlp) for v in views]
+        for view, sliced in zip(views, self.sliced):
             hooks.swap(view.layer, "mlp", sliced)
             hooks.forward_pre(view.down, self._observer(view.index))
-            self.sliced.append(sliced)
         return hooks
 
     def _observer(self, layer: int):

@@ -35,9 +35,13 @@ class SlicedMLP(nn.Module):
 
     @torch.no_grad()
     def set_index(self, index: torch.Tensor | None) -> None:
-        """Keep the neurons in `index` (1-D, any order) from now on; `None` runs dense."""
+        """Keep the neurons in `index` (1-D, any order) from now on; `None` runs dense.
+
+        The gathers write into buffers allocated once per kept size: a mask refresh copies
+        weights but allocates nothing (fresh allocations cost more than the copy on CPU).
+        """
         if index is None:
-            self.index, self._gate_up, self._gate_up_bias, self._down = None, None, None, None
+            self.index = None
             return
         if (
             self.index is not None
@@ -46,12 +50,18 @@ class SlicedMLP(nn.Module):
         ):
             return  # same neurons: keep the gathered buffers
         g, u, d = self.gate_proj, self.up_proj, self.down_proj
+        k = index.numel()
+        if self._down is None or self._down.shape[1] != k:
+            self._gate_up = g.weight.new_empty(2 * k, g.in_features)
+            self._down = d.weight.new_empty(d.out_features, k)
+            self._gate_up_bias = g.bias.new_empty(2 * k) if g.bias is not None else None
+        torch.index_select(g.weight, 0, index, out=self._gate_up[:k])
+        torch.index_select(u.weight, 0, index, out=self._gate_up[k:])
+        torch.index_select(d.weight, 1, index, out=self._down)
+        if self._gate_up_bias is not None:
+            torch.index_select(g.bias, 0, index, out=self._gate_up_bias[:k])
+            torch.index_select(u.bias, 0, index, out=self._gate_up_bias[k:])
         self.index = index
-        self._gate_up = torch.cat([g.weight[index], u.weight[index]]).contiguous()
-        self._gate_up_bias = (
-            torch.cat([g.bias[index], u.bias[index]]) if g.bias is not None else None
-        )
-        self._down = d.weight[:, index].contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.index is None:

@@ -36,15 +36,18 @@ def test_keep_all_and_no_index_equal_dense(tiny):
     torch.testing.assert_close(sliced(x), mlp(x), atol=1e-5, rtol=1e-5)
 
 
-def test_same_index_is_not_regathered(tiny):
+def test_gathers_only_when_the_index_changes(tiny):
     model, _ = tiny
     sliced = SlicedMLP(adapter_for(model).ffn(0).mlp)
     sliced.set_index(torch.arange(10))
     buffer = sliced._gate_up
+    buffer[0, 0] = 123.0  # a re-gather would overwrite this
     sliced.set_index(torch.arange(10))
-    assert sliced._gate_up is buffer
-    sliced.set_index(torch.arange(1, 11))
-    assert sliced._gate_up is not buffer
+    assert sliced._gate_up[0, 0] == 123.0
+    sliced.set_index(torch.arange(1, 11))  # same size: same buffer, new content
+    assert sliced._gate_up is buffer and sliced._gate_up[0, 0] != 123.0
+    sliced.set_index(torch.arange(12))  # new size: new buffer
+    assert sliced._gate_up.shape[0] == 24
     sliced.set_index(None)
     assert sliced.kept == sliced.d_ff
 
