@@ -27,7 +27,7 @@ from bwprune.methods.ledger import SparsityLedger
 from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
 from bwprune.records import RunRecorder, method_name, provenance, run_key, summarize
-from bwprune.scoring.math_answers import Score
+from bwprune.scoring.common import Score, prompt_opens_think
 from bwprune.tracking import make_tracker
 
 log = logging.getLogger(__name__)
@@ -45,15 +45,44 @@ def build(node: DictConfig) -> Any:
 
 
 def select_examples(examples: list[Example], cfg: DictConfig) -> list[Example]:
-    """This job's shard (round-robin by index), then the first `limit` of it."""
+    """The `subset` (by dataset id, file order kept), then this shard, then its first `limit`."""
+    if cfg.subset is not None:
+        if not OmegaConf.is_list(cfg.subset):
+            raise UserError(f"subset={cfg.subset!r} must be a list of ids, e.g. subset=[0,5,17]")
+        examples = _subset(examples, [str(i) for i in cfg.subset])
     chosen = examples[cfg.shard :: cfg.num_shards]
     return chosen[: cfg.limit] if cfg.limit is not None else chosen
 
 
-def sample_row(example: Example, completion: Completion, score: Score) -> dict:
+def _subset(examples: list[Example], ids: list[str]) -> list[Example]:
+    """Examples whose id is in `ids`; an id the benchmark lacks is a `UserError` naming it."""
+    known = {e.id for e in examples}
+    unknown = [i for i in ids if i not in known]
+    if not ids or unknown:
+        hint = [e.id for e in examples[:3]]
+        raise UserError(f"subset={unknown or ids} names no example; ids look like {hint}")
+    wanted = set(ids)
+    return [e for e in examples if e.id in wanted]
+
+
+def work_items(examples: list[Example], num_samples: int) -> list[tuple[Example, int]]:
+    """(example, sample) pairs, sample-major: pass k over all problems, then pass k + 1.
+
+    Copies of one prompt in a batch would agree on which neurons matter and flatter any
+    batch-shared pruning; sample-major order keeps batches a mix of different problems.
+    """
+    return [(e, k) for k in range(num_samples) for e in examples]
+
+
+def sample_row(
+    example: Example, sample: int, completion: Completion, score: Score, think_open: bool
+) -> dict:
     return {
         "index": example.index,
+        "sample": sample,
+        "id": example.id,
         "prompt": example.question,
+        "think_open": think_open,
         "completion": completion.text,
         "prediction": score.prediction,
         "gold": example.gold,
@@ -74,15 +103,16 @@ def run(cfg: DictConfig) -> dict:
         log.info("complete run found, skipping: %s", recorder.dir)
         return json.loads(recorder.run_path.read_text())
     benchmark: Benchmark = build(cfg.benchmark)
-    examples = select_examples(benchmark.examples(), cfg)
+    items = work_items(select_examples(benchmark.examples(), cfg), _num_samples(cfg))
     recorder.start(cfg)
     method = build(cfg.method)  # bad method arguments fail here, before the model loads
     tracker = make_tracker(cfg, key, method_name(cfg))
     try:
-        device = _generate_missing(cfg, benchmark, method, examples, recorder)
-        wanted = {e.index for e in examples}
+        device = _generate_missing(cfg, benchmark, method, items, recorder)
+        wanted = {(e.index, k) for e, k in items}
         samples = sorted(
-            (s for s in recorder.samples() if s["index"] in wanted), key=lambda s: s["index"]
+            (s for s in recorder.samples() if RunRecorder.row_key(s) in wanted),
+            key=RunRecorder.row_key,
         )
         metrics = summarize(samples, recorder.timings(), float(cfg.method.get("sparsity", 0.0)))
         names = {"benchmark": benchmark.name, "model": cfg.model.name, "method": method_name(cfg)}
@@ -93,20 +123,31 @@ def run(cfg: DictConfig) -> dict:
         tracker.finish()
 
 
+def _num_samples(cfg: DictConfig) -> int:
+    """`generation.num_samples`: completions per problem, for pass@1 over samples."""
+    n, gen = int(cfg.generation.num_samples), cfg.generation
+    if n < 1 or (n > 1 and not gen.do_sample):
+        raise UserError(
+            f"generation.num_samples={n} must be >= 1, and 1 unless sampling "
+            "(generation=sampled): greedy samples would all be the same"
+        )
+    return n
+
+
 def _generate_missing(
     cfg: DictConfig,
     benchmark: Benchmark,
     method: Any,
-    examples: list[Example],
+    items: list[tuple[Example, int]],
     recorder: RunRecorder,
 ) -> str:
-    """Generate every batch that has an example not yet on disk; returns the device used."""
-    done = recorder.done_indices()
+    """Generate every batch that has a (problem, sample) not yet on disk; returns the device."""
+    done = recorder.done_keys()
     bs = cfg.batch_size
     # Batches are cut from the full selection, so a resumed run sees the same batch compositions
     # (a batch-shared mask depends on who else is in the batch).
-    batches = [examples[i : i + bs] for i in range(0, len(examples), bs)]
-    todo = [b for b in batches if any(e.index not in done for e in b)]
+    batches = [items[i : i + bs] for i in range(0, len(items), bs)]
+    todo = [b for b in batches if any((e.index, k) not in done for e, k in b)]
     if not todo:
         return str(cfg.model.device)
     if done:
@@ -124,17 +165,19 @@ def _generate_missing(
     bar = tqdm(todo, desc=recorder.key, unit="batch", disable=not cfg.progress)
     with method.attach(model, adapter):
         for batch in bar:
-            prompts = [render_prompt(tokenizer, cfg.model, e.question) for e in batch]
+            prompts = [render_prompt(tokenizer, cfg.model, e.question) for e, _ in batch]
             completions, timing = runner.generate(prompts)
-            rows = [
-                sample_row(e, c, benchmark.score(c.text, e.gold))
-                for e, c in zip(batch, completions)
-                if e.index not in done
-            ]
+            rows = []
+            for (e, k), prompt, c in zip(batch, prompts, completions):
+                if (e.index, k) not in done:
+                    think_open = prompt_opens_think(prompt)
+                    score = benchmark.score(c.text, e.gold, think_open)
+                    rows.append(sample_row(e, k, c, score, think_open))
             recorder.append(
                 rows,
                 {
-                    "indices": [e.index for e in batch],
+                    "indices": [e.index for e, _ in batch],
+                    "samples": [k for _, k in batch],
                     "prefill_s": timing.prefill_s,
                     "decode_s": timing.decode_s,
                     "decode_tokens": timing.decode_tokens,
@@ -162,7 +205,7 @@ def rescore(run_dir: str | Path) -> dict:
     recorder = RunRecorder(run_dir.parent, run_dir.name)
     samples = recorder.samples()
     for s in samples:
-        score = benchmark.score(s["completion"], s["gold"])
+        score = benchmark.score(s["completion"], s["gold"], s.get("think_open", False))
         s.update(prediction=score.prediction, correct=score.correct, score_reason=score.reason)
     tmp = recorder.samples_path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))

@@ -2,7 +2,7 @@
 
 Layout of a run folder (see README "Results"):
   config.yaml    the resolved config, written first
-  samples.jsonl  one line per example, appended and flushed after every batch
+  samples.jsonl  one line per (example, sample), appended and flushed after every batch
   timing.jsonl   one line per generated batch (prefill/decode seconds, per-step times)
   run.json       written last: metrics + provenance; its presence marks the run complete
 Metrics are a pure function of samples.jsonl and timing.jsonl (`summarize`), so an interrupted run
@@ -18,12 +18,14 @@ import json
 import platform
 import statistics
 import subprocess
+from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from bwprune.config import package_data_dir
 from bwprune.methods.ledger import combine
 
 # Keys that never change what a run computes: they are left out of the run's identity.
@@ -46,9 +48,15 @@ def identity(cfg: DictConfig) -> dict:
 
 
 def _drop_cache_dirs(node):
-    """Where a cache lives never changes results; a method may carry `cache_dir` in its config."""
+    """Portable identity: where a cache lives never changes results (a method may carry
+    `cache_dir`), and data shipped in the package is named relative to it, so the same config
+    has the same key in every checkout."""
     if isinstance(node, dict):
         return {k: _drop_cache_dirs(v) for k, v in node.items() if k != "cache_dir"}
+    if isinstance(node, list):
+        return [_drop_cache_dirs(v) for v in node]
+    if isinstance(node, str) and node.startswith(package_data_dir()):
+        return "bwprune/data" + node[len(package_data_dir()) :]
     return node
 
 
@@ -129,8 +137,13 @@ class RunRecorder:
     def timings(self) -> list[dict]:
         return _read_jsonl(self.timing_path)
 
-    def done_indices(self) -> set[int]:
-        return {s["index"] for s in self.samples()}
+    @staticmethod
+    def row_key(sample: dict) -> tuple[int, int]:
+        """(problem index, sample number); rows written before `sample` existed are sample 0."""
+        return sample["index"], sample.get("sample", 0)
+
+    def done_keys(self) -> set[tuple[int, int]]:
+        return {self.row_key(s) for s in self.samples()}
 
     def append(self, samples: Iterable[dict], timing: dict) -> None:
         """Write one batch; both files are flushed before generation goes on."""
@@ -151,17 +164,40 @@ class RunRecorder:
         return record
 
 
+def pass_at_1(samples: list[dict]) -> float:
+    """Mean over problems of the fraction of their samples that are correct (unscorable = wrong).
+
+    With one sample per problem this is plain accuracy; with n it is the unbiased pass@1 estimate
+    (shared/research/baselines.md §6.5).
+    """
+    per_problem: dict[int, list[bool]] = {}
+    for s in samples:
+        per_problem.setdefault(s["index"], []).append(s["correct"] is True)
+    if not per_problem:
+        return 0.0
+    return sum(sum(c) / len(c) for c in per_problem.values()) / len(per_problem)
+
+
 def summarize(samples: list[dict], timings: list[dict], target_sparsity: float) -> dict:
-    """`run.json` metrics from the per-sample and per-batch records."""
+    """`run.json` metrics from the per-sample and per-batch records.
+
+    `n`, `correct`, `unscorable` count sample rows; `accuracy` is pass@1 over `problems`.
+    """
     n = len(samples)
     correct = sum(1 for s in samples if s["correct"] is True)
     decode_s = sum(t["decode_s"] for t in timings)
     steps_ms = [ms for t in timings for ms in t["step_ms"]]
+    problems = len({s["index"] for s in samples})
     return {
         "n": n,
-        "accuracy": correct / n if n else 0.0,
+        "problems": problems,
+        "samples_per_problem": n / problems if problems else 0.0,
+        "accuracy": pass_at_1(samples),
         "correct": correct,
         "unscorable": sum(1 for s in samples if s["correct"] is None),
+        "unscorable_reasons": dict(
+            Counter(s["score_reason"] for s in samples if s["correct"] is None)
+        ),
         "target_sparsity": target_sparsity,
         "realized_sparsity": combine(s["sparsity"] for s in samples),
         "mean_new_tokens": sum(s["new_tokens"] for s in samples) / n if n else 0.0,

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from bwprune.benchmarks.base import Benchmark, Example, read_jsonl
-from bwprune.scoring.math_answers import Score, score_math
+from bwprune.benchmarks.base import MathBenchmark
 
 
 def gsm8k_gold(answer: str) -> str:
@@ -11,13 +10,9 @@ def gsm8k_gold(answer: str) -> str:
     return answer.rsplit("####", 1)[-1].strip().replace(",", "")
 
 
-class GSM8K(Benchmark):
-    def examples(self) -> list[Example]:
-        rows = read_jsonl(self.data_file, ("question", "answer"))
-        return [
-            Example(i, self.prompt.format(question=r["question"]), gsm8k_gold(r["answer"]))
-            for i, r in enumerate(rows)
-        ]
+class GSM8K(MathBenchmark):
+    question_field = "question"
+    latex_gold = False
 
-    def score(self, completion: str, gold: str) -> Score:
-        return score_math(completion, gold)
+    def gold(self, row: dict) -> str:
+        return gsm8k_gold(row["answer"])

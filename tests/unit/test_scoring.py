@@ -3,7 +3,8 @@
 import pytest
 
 from bwprune.benchmarks.gsm8k import gsm8k_gold
-from bwprune.scoring.math_answers import score_math, strip_think
+from bwprune.scoring.common import prompt_opens_think, strip_think
+from bwprune.scoring.math_answers import score_math
 
 CASES = [
     # completion, gold, expected correct (None = unscorable)
@@ -22,7 +23,9 @@ CASES = [
     ("<think>maybe 3 ... still thinking", "3", None),  # unfinished think block
     ("I do not know.", "5", None),  # nothing to extract
     ("", "5", None),
-    (r"\boxed{18\%}", "18", False),
+    (r"\boxed{18\%}", "18", True),  # "what percent" questions: math-verify's 9% == 9
+    (r"\boxed{4e1}", "40", True),  # e-notation is a number, not 4*e*1
+    (r"\boxed{18.}", "18", True),  # a bare decimal point
 ]
 
 
@@ -49,6 +52,30 @@ def test_strip_think():
     assert strip_think("a</think>b") == "b"
     assert strip_think("<think>a") is None
     assert strip_think("plain") == "plain"
+    # The prompt opened the think block (R1 distills): no `</think>` means still thinking.
+    assert strip_think("still thinking, maybe 3", think_open=True) is None
+    assert strip_think("done</think>3", think_open=True) == "3"
+    assert score_math(r"\boxed{3}", "3", think_open=True).reason == "unfinished_think"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "opens"),
+    [
+        ("<|User|>q<|Assistant|><think>\n", True),  # DeepSeek-R1 distill template
+        ("<|im_start|>assistant\n<think>\n\n</think>\n\n", False),  # Qwen3, thinking off
+        ("<|im_start|>assistant\n", False),
+    ],
+)
+def test_prompt_opens_think(prompt, opens):
+    assert prompt_opens_think(prompt) is opens
+
+
+def test_scoring_off_the_main_thread_runs_without_timeouts():
+    # math-verify's time-outs use SIGALRM (main thread only); elsewhere they are switched off.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(score_math, r"\boxed{\frac{36}{2}}", "18").result().correct is True
 
 
 def test_last_boxed_is_brace_matched():
