@@ -22,10 +22,8 @@ from bwprune.benchmarks.base import Benchmark, Example
 from bwprune.config import validate
 from bwprune.errors import UserError
 from bwprune.generation.prompts import render_prompt
-from bwprune.generation.runner import BatchedRunner, Completion, SamplingConfig
-from bwprune.methods.ledger import SparsityLedger
-from bwprune.models.adapters import adapter_for
-from bwprune.models.loading import load_model
+from bwprune.generation.runner import Completion, SamplingConfig
+from bwprune.prepared import prepare_model
 from bwprune.records import RunRecorder, method_name, provenance, run_key, summarize
 from bwprune.scoring.common import Score, prompt_opens_think
 from bwprune.tracking import make_tracker
@@ -152,13 +150,11 @@ def _generate_missing(
         return str(cfg.model.device)
     if done:
         log.info("resuming %s: %d examples already recorded", recorder.dir, len(done))
-    model, tokenizer = load_model(cfg.model, cfg.paths.cache_dir)
-    adapter = adapter_for(model)
-    ledger = SparsityLedger(adapter, next(model.parameters()).device)  # relative to the original
-    method.prepare(model, adapter, tokenizer)
+    prepared = prepare_model(cfg, method)
+    model, tokenizer, adapter = prepared.model, prepared.tokenizer, prepared.adapter
     gen = cfg.generation
     sampling = SamplingConfig(gen.max_new_tokens, gen.do_sample, gen.temperature, gen.top_p)
-    runner = BatchedRunner(model, tokenizer, method, adapter, sampling, cfg.seed, ledger)
+    runner = prepared.runner(sampling, cfg.seed)
     correct = tokens = 0
     decode_s = 0.0
     scored = 0

@@ -14,10 +14,24 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, model_cfg: DictConfig, que
     """
     if not model_cfg.chat_template:
         return question
-    messages = [{"role": "user", "content": question}]
-    if model_cfg.system_prompt:
-        messages.insert(0, {"role": "system", "content": model_cfg.system_prompt})
+    return render_messages(tokenizer, model_cfg, [{"role": "user", "content": question}])
+
+
+def render_messages(
+    tokenizer: PreTrainedTokenizerBase,
+    model_cfg: DictConfig,
+    messages: list[dict[str, str]],
+    add_generation_prompt: bool = True,
+) -> str:
+    """A chat through the model's template, with the model config's system prompt and options."""
+    system = model_cfg.system_prompt
+    if system and not (messages and messages[0]["role"] == "system"):
+        messages = [{"role": "system", "content": system}, *messages]
     kwargs = OmegaConf.to_container(model_cfg.chat_template_kwargs, resolve=True)
     return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, **kwargs
+        messages,
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=not add_generation_prompt,
+        **kwargs,
     )

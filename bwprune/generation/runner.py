@@ -9,6 +9,7 @@ The runner knows only the `PruningMethod` interface; it never scores answers.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -25,7 +26,7 @@ from bwprune.models.adapters import ModelAdapter
 class Completion:
     text: str
     token_ids: list[int]  # generated ids, the stop token included when there is one
-    finish_reason: str  # "stop" (a stop token) | "length" (max_new_tokens reached)
+    finish_reason: str  # "stop" (a stop token or stop string) | "length" (max_new_tokens)
     sparsity: dict  # this row's `SparsityLedger` summary
 
     @property
@@ -61,6 +62,30 @@ def stop_token_ids(model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> list
     if tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     return sorted(set(ids))
+
+
+class StopStrings:
+    """Ends a row once its generated text contains one of `strings` (lm-eval's `until`).
+
+    Stop strings are text, not token ids: they can start inside a token and span several. Each
+    step decodes only the last `window` generated tokens of each running row (a stop string's own
+    token count + 2, the margin lm-eval's HF backend uses), so the check stays O(1) in length.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, strings: Sequence[str]) -> None:
+        self.tokenizer = tokenizer
+        self.strings = [s for s in strings if s]
+        lengths = [len(tokenizer.encode(s, add_special_tokens=False)) for s in self.strings]
+        self.window = max(lengths, default=0) + 2
+
+    def hits(self, generated: list[torch.Tensor], finished: torch.Tensor) -> torch.Tensor:
+        """(B,) bool: the running rows whose latest tokens complete a stop string."""
+        tail = torch.stack(generated[-self.window :], dim=1).tolist()
+        hit = [
+            not done and any(s in self.tokenizer.decode(row) for s in self.strings)
+            for row, done in zip(tail, finished.tolist())
+        ]
+        return torch.tensor(hit, dtype=torch.bool, device=finished.device)
 
 
 class BatchedRunner:
@@ -107,9 +132,14 @@ class BatchedRunner:
 
     @torch.inference_mode()
     def generate_tokens(
-        self, ids: torch.Tensor, attn: torch.Tensor
+        self, ids: torch.Tensor, attn: torch.Tensor, stop_strings: Sequence[str] = ()
     ) -> tuple[list[Completion], BatchTiming]:
-        """Completions for (B, T) left-padded token ids and their attention mask."""
+        """Completions for (B, T) left-padded token ids and their attention mask.
+
+        A row stops at a stop token, or once its text contains one of `stop_strings` (the text
+        then still holds the stop string: callers that want it gone cut it, as lm-eval does).
+        """
+        stops = StopStrings(self.tokenizer, stop_strings) if stop_strings else None
         ids, attn = ids.to(self.device), attn.to(self.device)
         batch = ids.shape[0]
         positions = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: real tokens start at 0
@@ -131,6 +161,9 @@ class BatchedRunner:
         timer.mark()
         generated = [token]
         finished = torch.isin(token, self.stop_ids)
+        if stops:
+            finished |= stops.hits(generated, finished)
+        lengths = torch.ones(batch, dtype=torch.long, device=self.device)  # tokens per row
         position = positions[:, -1:]
 
         for step in range(self.sampling.max_new_tokens - 1):
@@ -148,11 +181,14 @@ class BatchedRunner:
             self.ledger.record(self.method.end_step(ctx), active)
             token = self._next_token(logits).masked_fill(finished, self.pad_id)
             generated.append(token)
+            lengths += active
             finished = finished | torch.isin(token, self.stop_ids)
+            if stops:
+                finished |= stops.hits(generated, finished)
             timer.mark()
 
         intervals = timer.intervals_s()
-        completions = self._completions(torch.stack(generated, dim=1))
+        completions = self._completions(torch.stack(generated, dim=1), lengths, finished)
         timing = BatchTiming(
             prefill_s=intervals[0],
             decode_s=sum(intervals[1:]),
@@ -161,15 +197,15 @@ class BatchedRunner:
         )
         return completions, timing
 
-    def _completions(self, tokens: torch.Tensor) -> list[Completion]:
-        """(B, N) generated ids -> per-row text cut at the first stop token."""
-        is_stop = torch.isin(tokens, self.stop_ids).cpu()
-        rows = tokens.cpu().tolist()
+    def _completions(
+        self, tokens: torch.Tensor, lengths: torch.Tensor, finished: torch.Tensor
+    ) -> list[Completion]:
+        """(B, N) generated ids -> each row's first `lengths[b]` ids; text without a stop token."""
+        stop_ids = set(self.stop_ids.tolist())
+        rows = zip(tokens.tolist(), lengths.tolist(), finished.tolist(), self.ledger.rows())
         out = []
-        for b, (row, sparsity) in enumerate(zip(rows, self.ledger.rows())):
-            stops = is_stop[b].nonzero()
-            end = int(stops[0]) + 1 if len(stops) else len(row)
-            text = self.tokenizer.decode(row[: end - 1 if len(stops) else end])
-            reason = "stop" if len(stops) else "length"
-            out.append(Completion(text, row[:end], reason, sparsity))
+        for row, n, done, sparsity in rows:
+            ids = row[:n]
+            text = self.tokenizer.decode(ids[:-1] if ids[-1] in stop_ids else ids)
+            out.append(Completion(text, ids, "stop" if done else "length", sparsity))
         return out

@@ -1,0 +1,55 @@
+"""A model loaded from a run config with a pruning method prepared on it.
+
+Shared by run.py's experiment and the lm-eval plug-in, so both load, build the sparsity ledger
+and prepare the method in the same order: the ledger sees the model as loaded, and a method that
+prunes statically in `prepare` reports what it removed relative to the original.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from bwprune.generation.runner import BatchedRunner, SamplingConfig
+from bwprune.methods.base import PruningMethod
+from bwprune.methods.ledger import SparsityLedger
+from bwprune.models.adapters import ModelAdapter, adapter_for
+from bwprune.models.loading import load_model
+
+
+@dataclass
+class PreparedModel:
+    """A model loaded from `cfg.model` with a method prepared on it: what every evaluation needs."""
+
+    model: nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    adapter: ModelAdapter
+    method: PruningMethod
+    ledger: SparsityLedger  # built before `prepare`: fractions of the model as loaded
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def runner(self, sampling: SamplingConfig, seed: int) -> BatchedRunner:
+        """A batched runner on this model; runners made here share the one ledger."""
+        return BatchedRunner(
+            self.model, self.tokenizer, self.method, self.adapter, sampling, seed, self.ledger
+        )
+
+
+def prepare_model(cfg: DictConfig, method: PruningMethod) -> PreparedModel:
+    """Load `cfg.model`, build the sparsity ledger on it as loaded, then run `method.prepare`.
+
+    The same order as run.py: a method that prunes statically in `prepare` reports what it removed
+    relative to the original model.
+    """
+    model, tokenizer = load_model(cfg.model, cfg.paths.cache_dir)
+    adapter = adapter_for(model)
+    ledger = SparsityLedger(adapter, next(model.parameters()).device)
+    method.prepare(model, adapter, tokenizer)
+    return PreparedModel(model, tokenizer, adapter, method, ledger)
