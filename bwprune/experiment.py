@@ -22,8 +22,10 @@ from bwprune.benchmarks.base import Benchmark, Example
 from bwprune.config import validate
 from bwprune.errors import UserError
 from bwprune.generation.prompts import render_prompt
-from bwprune.generation.runner import Completion, SamplingConfig
-from bwprune.prepared import prepare_model
+from bwprune.generation.runner import BatchedRunner, BatchTiming, Completion, SamplingConfig
+from bwprune.methods.base import PruningMethod
+from bwprune.prepared import PreparedModel, prepare_model
+from bwprune.quality import DenseReference, dense_reference, forced_quality
 from bwprune.records import RunRecorder, method_name, provenance, run_key, summarize
 from bwprune.scoring.common import Score, prompt_opens_think
 from bwprune.tracking import make_tracker
@@ -73,7 +75,12 @@ def work_items(examples: list[Example], num_samples: int) -> list[tuple[Example,
 
 
 def sample_row(
-    example: Example, sample: int, completion: Completion, score: Score, think_open: bool
+    example: Example,
+    sample: int,
+    completion: Completion,
+    score: Score,
+    think_open: bool,
+    quality: dict | None = None,
 ) -> dict:
     return {
         "index": example.index,
@@ -89,6 +96,7 @@ def sample_row(
         "new_tokens": completion.new_tokens,
         "finish_reason": completion.finish_reason,
         "sparsity": completion.sparsity,
+        "quality": quality,  # teacher-forced fidelity to dense (bwprune/quality.py), or None
     }
 
 
@@ -150,7 +158,8 @@ def _generate_missing(
         return str(cfg.model.device)
     if done:
         log.info("resuming %s: %d examples already recorded", recorder.dir, len(done))
-    prepared = prepare_model(cfg, method)
+    references: list[DenseReference] = []
+    prepared = prepare_model(cfg, method, lambda p: references.extend(_dense_refs(cfg, p, todo)))
     model, tokenizer, adapter = prepared.model, prepared.tokenizer, prepared.adapter
     gen = cfg.generation
     sampling = SamplingConfig(gen.max_new_tokens, gen.do_sample, gen.temperature, gen.top_p)
@@ -160,26 +169,22 @@ def _generate_missing(
     scored = 0
     bar = tqdm(todo, desc=recorder.key, unit="batch", disable=not cfg.progress)
     with method.attach(model, adapter):
-        for batch in bar:
-            prompts = [render_prompt(tokenizer, cfg.model, e.question) for e, _ in batch]
-            completions, timing = runner.generate(prompts)
+        for number, batch in enumerate(bar):
+            prompts = _prompts(cfg, tokenizer, batch)
+            ids, attn = runner.encode(prompts)
+            completions, timing = runner.generate_tokens(ids, attn)
+            quality = (
+                forced_quality(runner, ids, attn, references[number])
+                if references
+                else [None] * len(batch)
+            )
             rows = []
-            for (e, k), prompt, c in zip(batch, prompts, completions):
+            for (e, k), prompt, c, q in zip(batch, prompts, completions, quality):
                 if (e.index, k) not in done:
                     think_open = prompt_opens_think(prompt)
                     score = benchmark.score(c.text, e.gold, think_open)
-                    rows.append(sample_row(e, k, c, score, think_open))
-            recorder.append(
-                rows,
-                {
-                    "indices": [e.index for e, _ in batch],
-                    "samples": [k for _, k in batch],
-                    "prefill_s": timing.prefill_s,
-                    "decode_s": timing.decode_s,
-                    "decode_tokens": timing.decode_tokens,
-                    "step_ms": [round(1e3 * s, 4) for s in timing.step_s],
-                },
-            )
+                    rows.append(sample_row(e, k, c, score, think_open, q))
+            recorder.append(rows, _timing_row(batch, timing))
             scored += len(rows)
             correct += sum(r["correct"] is True for r in rows)
             tokens += timing.decode_tokens
@@ -188,6 +193,40 @@ def _generate_missing(
                 acc=f"{correct / scored:.3f}", tok_s=f"{tokens / max(decode_s, 1e-9):.1f}"
             )
     return str(runner.device)
+
+
+def _prompts(cfg: DictConfig, tokenizer: Any, batch: list[tuple[Example, int]]) -> list[str]:
+    return [render_prompt(tokenizer, cfg.model, e.question) for e, _ in batch]
+
+
+def _timing_row(batch: list[tuple[Example, int]], timing: BatchTiming) -> dict:
+    return {
+        "indices": [e.index for e, _ in batch],
+        "samples": [k for _, k in batch],
+        "prefill_s": timing.prefill_s,
+        "decode_s": timing.decode_s,
+        "decode_tokens": timing.decode_tokens,
+        "step_ms": [round(1e3 * s, 4) for s in timing.step_s],
+    }
+
+
+def _dense_refs(
+    cfg: DictConfig, prepared: PreparedModel, todo: list[list[tuple[Example, int]]]
+) -> list[DenseReference]:
+    """`quality.enabled`: the dense model's greedy reference for every batch to generate, made
+    before the method is prepared (static methods edit the weights in `prepare`)."""
+    q = cfg.quality
+    if not q.enabled:
+        return []
+    dense = BatchedRunner(
+        prepared.model, prepared.tokenizer, PruningMethod(), prepared.adapter,
+        SamplingConfig(q.max_tokens),
+    )  # fmt: skip
+    bar = tqdm(todo, desc="dense references", unit="batch", disable=not cfg.progress)
+    return [
+        dense_reference(dense, *dense.encode(_prompts(cfg, prepared.tokenizer, b)), q.top_k)
+        for b in bar
+    ]
 
 
 def rescore(run_dir: str | Path) -> dict:

@@ -7,6 +7,7 @@ prunes statically in `prepare` reports what it removed relative to the original.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -42,14 +43,21 @@ class PreparedModel:
         )
 
 
-def prepare_model(cfg: DictConfig, method: PruningMethod) -> PreparedModel:
+def prepare_model(
+    cfg: DictConfig,
+    method: PruningMethod,
+    before_prepare: Callable[[PreparedModel], None] | None = None,
+) -> PreparedModel:
     """Load `cfg.model`, build the sparsity ledger on it as loaded, then run `method.prepare`.
 
-    The same order as run.py: a method that prunes statically in `prepare` reports what it removed
-    relative to the original model.
+    A method that prunes statically in `prepare` thus reports what it removed relative to the
+    original model; `before_prepare` sees the original model too (dense references).
     """
     model, tokenizer = load_model(cfg.model, cfg.paths.cache_dir)
     adapter = adapter_for(model)
     ledger = SparsityLedger(adapter, next(model.parameters()).device)
+    prepared = PreparedModel(model, tokenizer, adapter, method, ledger)
+    if before_prepare is not None:
+        before_prepare(prepared)
     method.prepare(model, adapter, tokenizer)
-    return PreparedModel(model, tokenizer, adapter, method, ledger)
+    return prepared

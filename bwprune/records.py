@@ -207,7 +207,14 @@ def summarize(samples: list[dict], timings: list[dict], target_sparsity: float) 
         "decode_ms_per_step": statistics.median(steps_ms) if steps_ms else 0.0,
         "prefill_s": sum(t["prefill_s"] for t in timings),
         "decode_s": decode_s,
+        "quality": _combine_quality([s.get("quality") for s in samples]),
     }
+
+
+def _combine_quality(rows: list[dict | None]) -> dict:
+    from bwprune.quality import combine_quality  # deferred: it needs torch
+
+    return combine_quality(rows)
 
 
 def _append_jsonl(path: Path, rows: Iterable[dict]) -> None:

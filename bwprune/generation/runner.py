@@ -9,7 +9,7 @@ The runner knows only the `PruningMethod` interface; it never scores answers.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -44,6 +44,14 @@ class BatchTiming:
     @property
     def median_step_ms(self) -> float:
         return 1e3 * statistics.median(self.step_s) if self.step_s else 0.0
+
+
+@dataclass(frozen=True)
+class Forcing:
+    """A reference continuation to feed instead of sampling (teacher forcing)."""
+
+    tokens: torch.Tensor  # (B, N) reference ids, padded past each row's length
+    lengths: torch.Tensor  # (B,) reference length per row (>= 1)
 
 
 @dataclass(frozen=True)
@@ -125,19 +133,43 @@ class BatchedRunner:
             probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
         return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
 
+    def _pick(self, i: int, logits: torch.Tensor, forced: Forcing | None, observe) -> torch.Tensor:
+        """The i-th new token of every row: the model's choice, or the reference's."""
+        if observe is not None:
+            observe(i, logits)
+        return self._next_token(logits) if forced is None else forced.tokens[:, i]
+
+    def _ends(self, i: int, token: torch.Tensor, forced: Forcing | None) -> torch.Tensor:
+        """(B,) rows that end with their i-th new token."""
+        if forced is None:
+            return torch.isin(token, self.stop_ids)
+        return forced.lengths <= i + 1
+
+    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompt texts (already chat-templated) -> left-padded (B, T) ids and attention mask."""
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        return enc.input_ids, enc.attention_mask
+
     def generate(self, prompts: list[str]) -> tuple[list[Completion], BatchTiming]:
         """Completions for prompt texts (already chat-templated), left-padded into one batch."""
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        return self.generate_tokens(enc.input_ids, enc.attention_mask)
+        return self.generate_tokens(*self.encode(prompts))
 
     @torch.inference_mode()
     def generate_tokens(
-        self, ids: torch.Tensor, attn: torch.Tensor, stop_strings: Sequence[str] = ()
+        self,
+        ids: torch.Tensor,
+        attn: torch.Tensor,
+        stop_strings: Sequence[str] = (),
+        forced: Forcing | None = None,
+        observe: Callable[[int, torch.Tensor], None] | None = None,
     ) -> tuple[list[Completion], BatchTiming]:
         """Completions for (B, T) left-padded token ids and their attention mask.
 
         A row stops at a stop token, or once its text contains one of `stop_strings` (the text
         then still holds the stop string: callers that want it gone cut it, as lm-eval does).
+        With `forced`, the next token is the reference's instead of the model's choice (teacher
+        forcing through the very same prefill/decode schedule); a row ends with its reference.
+        `observe(i, logits)` sees the (B, V) logits that predict every row's i-th new token.
         """
         stops = StopStrings(self.tokenizer, stop_strings) if stop_strings else None
         ids, attn = ids.to(self.device), attn.to(self.device)
@@ -157,16 +189,17 @@ class BatchedRunner:
             cache=cache, use_cache=True, logits_to_keep=1,
         ).logits[:, -1]  # fmt: skip
         self.method.end_step(ctx)
-        token = self._next_token(logits)
+        token = self._pick(0, logits, forced, observe)
         timer.mark()
         generated = [token]
-        finished = torch.isin(token, self.stop_ids)
+        finished = self._ends(0, token, forced)
         if stops:
             finished |= stops.hits(generated, finished)
         lengths = torch.ones(batch, dtype=torch.long, device=self.device)  # tokens per row
         position = positions[:, -1:]
 
-        for step in range(self.sampling.max_new_tokens - 1):
+        steps = self.sampling.max_new_tokens if forced is None else forced.tokens.shape[1]
+        for step in range(steps - 1):
             if bool(finished.all()):
                 break
             attn = torch.cat([attn, attn.new_ones(batch, 1)], dim=-1)
@@ -179,10 +212,11 @@ class BatchedRunner:
                 cache=cache, use_cache=True,
             ).logits[:, -1]  # fmt: skip
             self.ledger.record(self.method.end_step(ctx), active)
-            token = self._next_token(logits).masked_fill(finished, self.pad_id)
+            token = self._pick(step + 1, logits, forced, observe)
+            token = token.masked_fill(finished, self.pad_id)
             generated.append(token)
             lengths += active
-            finished = finished | torch.isin(token, self.stop_ids)
+            finished = finished | self._ends(step + 1, token, forced)
             if stops:
                 finished |= stops.hits(generated, finished)
             timer.mark()

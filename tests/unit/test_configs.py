@@ -14,7 +14,9 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
 
 
-@pytest.mark.parametrize("group", ["model", "method", "benchmark", "generation", "logger", "paths"])
+@pytest.mark.parametrize(
+    "group", ["model", "method", "benchmark", "generation", "logger", "paths", "experiment"]
+)
 def test_every_option_composes(group):
     for option in options(group):
         cfg = compose_cfg([f"{group}={option}"])

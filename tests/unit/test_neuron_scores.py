@@ -53,7 +53,7 @@ def test_aggregate_max_dominates_rows_and_ignores_empty_rows():
     assert torch.all(agg >= scores[rows]).item()
     assert torch.equal(agg, scores[rows].amax(0))
     torch.testing.assert_close(aggregate(scores, rows, "mean"), scores[rows].mean(0))
-    with pytest.raises(UserError, match="aggregate='median'.*'max', 'mean'"):
+    with pytest.raises(UserError, match=r"aggregate='median'.*'max', 'mean'"):
         aggregate(scores, rows, "median")
 
 

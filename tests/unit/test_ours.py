@@ -1,5 +1,7 @@
 """`ours` (BWAP): schedule, memory, exact k, dense equivalence, threshold drift."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -41,7 +43,7 @@ class Recorder(BWAP):
 def test_rho_zero_or_no_pruning_steps_is_dense(tiny, kw):
     model, tok = tiny
     dense, _ = generate(model, tok, Dense(), PROMPTS)
-    ours, timing = generate(model, tok, BWAP(**kw), PROMPTS)
+    ours, _ = generate(model, tok, BWAP(**kw), PROMPTS)
     assert [c.token_ids for c in ours] == [c.token_ids for c in dense]
     assert all(c.sparsity["sparse_steps"] == 0 for c in ours)
 
@@ -52,7 +54,7 @@ def test_schedule_exact_k_and_mask_changes_only_at_period_boundaries(tiny):
     completions, _ = generate(model, tok, method, PROMPTS)
     period = 5
     prev = None
-    for step, kept, memory in method.log:
+    for step, kept, _ in method.log:
         sparse = step >= 4 and (step - 4) % period < 3
         assert (kept[0] is not None) == sparse, step
         if sparse:
@@ -69,7 +71,7 @@ def test_memory_only_grows(tiny):
     method = Recorder(sparsity=0.5, t_init=2, t_explore=2, t_prune=2)
     generate(model, tok, method, PROMPTS)
     memories = [m for _, _, m in method.log if m[0] is not None]
-    for before, after in zip(memories, memories[1:]):
+    for before, after in itertools.pairwise(memories):
         assert all(torch.all(b <= a).item() for b, a in zip(before, after))
 
 
@@ -80,7 +82,7 @@ def test_batch_of_one_equals_per_sample_scores(tiny):
     generate(model, tok, alone, PROMPTS[:1])
     again = Recorder(sparsity=0.5, t_init=3, t_explore=2, t_prune=3, aggregate="max")
     generate(model, tok, again, PROMPTS[:1])
-    for (_, k1, m1), (_, k2, m2) in zip(alone.log, again.log):
+    for (_, k1, _), (_, k2, _) in zip(alone.log, again.log):
         assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(k1, k2))
 
 

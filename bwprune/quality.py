@@ -1,0 +1,104 @@
+"""Fidelity to the dense model along one trajectory: teacher-forced NLL and token-level KL.
+
+At small scale accuracy sits at the floor, so what a method costs is measured against the dense
+model itself. Before the method is prepared, the dense model greedily continues each prompt for
+up to `max_tokens` tokens, keeping its top-`top_k` next-token log-probabilities at every position.
+Then, with the method attached, that continuation is fed through the same prefill/decode schedule
+(the method prunes exactly as while generating), and per row we record the mean NLL of the
+reference tokens (dense and method) and the mean KL(dense ‖ method).
+
+The KL is computed over the dense top-k tokens plus one bin for the rest of the vocabulary, so it
+never exceeds the exact KL (merging bins cannot increase a KL divergence) and equals it when the
+dense distribution has no mass outside its top k; `top_k` is a config value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from bwprune.generation.runner import BatchedRunner, Forcing
+
+
+@dataclass
+class DenseReference:
+    """The dense model's greedy continuation of one batch and its top-k log-probabilities."""
+
+    forcing: Forcing  # (B, N) tokens and (B,) lengths
+    top_logp: torch.Tensor  # (B, N, K)
+    top_index: torch.Tensor  # (B, N, K)
+    nll: torch.Tensor  # (B,) summed NLL of the reference tokens under the dense model
+
+    def to(self, device: torch.device) -> DenseReference:
+        f = Forcing(self.forcing.tokens.to(device), self.forcing.lengths.to(device))
+        return DenseReference(
+            f, self.top_logp.to(device), self.top_index.to(device), self.nll.to(device)
+        )
+
+
+def dense_reference(
+    runner: BatchedRunner, ids: torch.Tensor, attn: torch.Tensor, top_k: int
+) -> DenseReference:
+    """Greedy continuation by `runner` (a dense runner), with top-k log-probs at each position."""
+    tops: list[torch.return_types.topk] = []
+    completions, _ = runner.generate_tokens(
+        ids, attn, observe=lambda i, logits: tops.append(logits.float().log_softmax(-1).topk(top_k))
+    )
+    n = max(c.new_tokens for c in completions)
+    tokens = torch.tensor([c.token_ids + [0] * (n - c.new_tokens) for c in completions])
+    lengths = torch.tensor([c.new_tokens for c in completions])
+    top_logp = torch.stack([t.values for t in tops], dim=1).cpu()  # (B, N, K)
+    top_index = torch.stack([t.indices for t in tops], dim=1).cpu()
+    valid = torch.arange(n)[None, :] < lengths[:, None]
+    nll = -(top_logp[..., 0] * valid).sum(1)  # greedy: the reference token is the top-1
+    return DenseReference(Forcing(tokens, lengths), top_logp, top_index, nll)
+
+
+def binned_kl(p_top_logp: torch.Tensor, top_index: torch.Tensor, q_logp: torch.Tensor):
+    """KL(p ‖ q) over p's top-k tokens plus one bin for the rest: (B, K), (B, K), (B, V) -> (B,).
+
+    A lower bound on the exact KL (bins merged), exact when p has no mass outside its top k.
+    """
+    q_top = q_logp.gather(-1, top_index)
+    p = p_top_logp.exp()
+    top = (p * (p_top_logp - q_top)).sum(-1)
+    p_rest = (1 - p.sum(-1)).clamp_min(0)
+    q_rest = (1 - q_top.exp().sum(-1)).clamp_min(1e-12)
+    rest = p_rest * (p_rest.clamp_min(1e-12).log() - q_rest.log())
+    return top + torch.where(p_rest > 1e-9, rest, torch.zeros_like(rest))
+
+
+def forced_quality(
+    runner: BatchedRunner, ids: torch.Tensor, attn: torch.Tensor, ref: DenseReference
+) -> list[dict]:
+    """Per row: reference length, mean NLL under dense and under the runner's method, mean KL."""
+    ref = ref.to(runner.device)
+    batch = ids.shape[0]
+    nll = torch.zeros(batch, dtype=torch.float64, device=runner.device)
+    kl = torch.zeros_like(nll)
+
+    def observe(i: int, logits: torch.Tensor) -> None:
+        logp = logits.float().log_softmax(-1)  # (B, V)
+        valid = (i < ref.forcing.lengths).to(torch.float64)
+        target = ref.forcing.tokens[:, i : i + 1]
+        nll.add_(-logp.gather(-1, target).squeeze(-1).double() * valid)
+        kl.add_(binned_kl(ref.top_logp[:, i], ref.top_index[:, i], logp).double() * valid)
+
+    runner.generate_tokens(ids, attn, forced=ref.forcing, observe=observe)
+    n = ref.forcing.lengths.double()
+    rows = zip(n.tolist(), (ref.nll.double() / n).tolist(), (nll / n).tolist(), (kl / n).tolist())
+    return [
+        {"tokens": int(t), "nll_dense": a, "nll": b, "nll_increase": b - a, "kl": k}
+        for t, a, b, k in rows
+    ]
+
+
+def combine_quality(rows: list[dict]) -> dict:
+    """Run-level means, weighted by reference tokens."""
+    rows = [r for r in rows if r]
+    total = sum(r["tokens"] for r in rows)
+    if not total:
+        return {}
+    mean = {k: sum(r[k] * r["tokens"] for r in rows) / total for k in ("nll_dense", "nll", "kl")}
+    return {**mean, "nll_increase": mean["nll"] - mean["nll_dense"], "tokens": total}

@@ -1,0 +1,58 @@
+"""Teacher-forced fidelity to dense: exact for dense itself, KL bins, wiring into run records."""
+
+import pytest
+import torch
+
+from bwprune.experiment import run
+from bwprune.generation.runner import BatchedRunner, SamplingConfig
+from bwprune.methods.base import PruningMethod
+from bwprune.methods.ours import BWAP
+from bwprune.models.adapters import adapter_for
+from bwprune.quality import binned_kl, dense_reference, forced_quality
+from tests.conftest import PROMPTS, chat
+
+
+def test_binned_kl_is_exact_with_all_tokens_and_a_lower_bound_otherwise():
+    torch.manual_seed(0)
+    p = torch.randn(3, 50).log_softmax(-1)
+    q = torch.randn(3, 50).log_softmax(-1)
+    exact = (p.exp() * (p - q)).sum(-1)
+    full = p.topk(50)
+    torch.testing.assert_close(binned_kl(full.values, full.indices, q), exact)
+    part = p.topk(10)
+    approx = binned_kl(part.values, part.indices, q)
+    assert torch.all(approx <= exact + 1e-6) and torch.all(approx >= 0)
+
+
+def test_dense_against_itself_has_zero_kl_and_equal_nll(tiny):
+    model, tok = tiny
+    adapter = adapter_for(model)
+    runner = BatchedRunner(model, tok, PruningMethod(), adapter, SamplingConfig(16))
+    ids, attn = runner.encode(chat(tok, PROMPTS))
+    ref = dense_reference(runner, ids, attn, top_k=32)
+    rows = forced_quality(runner, ids, attn, ref)
+    for row, length in zip(rows, ref.forcing.lengths.tolist()):
+        assert row["tokens"] == length
+        assert row["nll"] == pytest.approx(row["nll_dense"], abs=1e-5)
+        assert abs(row["kl"]) < 1e-5
+
+
+def test_pruned_method_diverges_from_dense(tiny):
+    model, tok = tiny
+    adapter = adapter_for(model)
+    dense = BatchedRunner(model, tok, PruningMethod(), adapter, SamplingConfig(24))
+    ids, attn = dense.encode(chat(tok, PROMPTS))
+    ref = dense_reference(dense, ids, attn, top_k=64)
+    method = BWAP(0.7, t_init=2, t_explore=2, t_prune=6)
+    method.prepare(model, adapter, tok)
+    pruned = BatchedRunner(model, tok, method, adapter, SamplingConfig(24))
+    with method.attach(model, adapter):
+        rows = forced_quality(pruned, ids, attn, ref)
+    assert all(r["kl"] > 0 for r in rows)
+
+
+def test_quality_metrics_are_recorded(cfg_factory):
+    record = run(cfg_factory("model=tiny_llama", "method=ours", "limit=2", "quality.enabled=true",
+                             "quality.max_tokens=8", "generation.max_new_tokens=8"))  # fmt: skip
+    q = record["metrics"]["quality"]
+    assert q["tokens"] > 0 and q["kl"] >= 0 and set(q) >= {"nll", "nll_dense", "nll_increase"}
