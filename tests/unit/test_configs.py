@@ -20,7 +20,10 @@ def options(group: str) -> list[str]:
 def test_every_option_composes(group):
     for option in options(group):
         cfg = compose_cfg([f"{group}={option}"])
-        assert cfg[group] is not None
+        if group == "experiment":  # @package _global_: it sets top-level keys
+            assert cfg.exp_name == option
+        else:
+            assert cfg[group] is not None
         run_key(cfg)  # resolves every interpolation
 
 
