@@ -1,7 +1,8 @@
-"""Collect finished runs (`run.json` files) into one table, one row per run.
+"""Collect finished runs (`run.json` + `config.yaml`) into one table, one row per run.
 
 Tables and figures are built from these files only, never from W&B, so anyone with the results
-folder can rebuild them.
+folder can rebuild them. Agreement with dense is computed here too: a run's final answers are
+compared with those of the dense run that matches it in everything but the method.
 """
 
 from __future__ import annotations
@@ -10,25 +11,45 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import yaml
+
+# Method arguments that say what is pruned how much, not which variant of a method this is.
+NOT_VARIANT = ("_target_", "sparsity", "calibration", "cache_dir")
+# What must match for a dense run to be a method run's reference.
+PAIRING = ("benchmark", "model", "batch_size", "seed", "limit", "subset", "generation")
+
+
+def method_variant(method_cfg: dict) -> str:
+    """The method's non-default-able arguments as canonical JSON (e.g. memory/aggregate)."""
+    return json.dumps({k: v for k, v in method_cfg.items() if k not in NOT_VARIANT}, sort_keys=True)
+
+
+def _pairing_key(cfg: dict, benchmark: str, model: str) -> str:
+    picked = {k: cfg.get(k) for k in PAIRING if k not in ("benchmark", "model")}
+    return json.dumps([benchmark, model, picked], sort_keys=True, default=str)
 
 
 def load_runs(runs_dir: str | Path) -> pd.DataFrame:
-    """One row per complete run under `runs_dir`: names, metrics, realized sparsity, provenance."""
-    rows = []
+    """One row per complete run under `runs_dir`: names, config, metrics, agreement with dense."""
+    rows, predictions = [], {}
     for path in sorted(Path(runs_dir).glob("**/run.json")):
         record = json.loads(path.read_text())
-        m = record["metrics"]
-        rs = m["realized_sparsity"]
+        cfg = yaml.safe_load((path.parent / "config.yaml").read_text())
+        m, rs = record["metrics"], record["metrics"]["realized_sparsity"]
+        quality = m.get("quality") or {}
         key = record["run_key"]
-        leaf = dict(part.split("=", 1) for part in key.rsplit("/", 1)[-1].split("_")[:-1])
+        predictions[key] = _predictions(path.parent / "samples.jsonl")
         rows.append(
             {
                 "run_key": key,
                 "benchmark": record.get("benchmark"),
                 "model": record.get("model"),
                 "method": record.get("method"),
-                "batch_size": int(leaf["bs"]),
-                "seed": int(leaf["seed"]),
+                "variant": method_variant(cfg["method"]),
+                "pairing": _pairing_key(cfg, record.get("benchmark"), record.get("model")),
+                "batch_size": cfg["batch_size"],
+                "seed": cfg["seed"],
+                "limit": cfg.get("limit"),
                 "n": m["n"],
                 "accuracy": m["accuracy"],
                 "unscorable": m["unscorable"],
@@ -36,10 +57,41 @@ def load_runs(runs_dir: str | Path) -> pd.DataFrame:
                 "realized_ffn": rs["ffn"],
                 "realized_ffn_sparse_steps": rs["ffn_sparse_steps"],
                 "realized_params": rs["params"],
+                "sparse_step_fraction": rs.get("sparse_step_fraction"),
+                "nll_increase": quality.get("nll_increase"),
+                "kl": quality.get("kl"),
                 "decode_tokens_per_s": m["decode_tokens_per_s"],
                 "decode_ms_per_step": m["decode_ms_per_step"],
                 "device": record["provenance"]["device"],
                 "git_sha": record["provenance"].get("git_sha"),
             }
         )
-    return pd.DataFrame(rows)
+    runs = pd.DataFrame(rows)
+    if not runs.empty:
+        runs["agreement"] = _agreement(runs, predictions)
+    return runs
+
+
+def _predictions(samples_path: Path) -> dict:
+    if not samples_path.exists():
+        return {}
+    out = {}
+    for line in samples_path.read_text(encoding="utf-8").splitlines():
+        s = json.loads(line)
+        out[(s["index"], s.get("sample", 0))] = s["prediction"]
+    return out
+
+
+def _agreement(runs: pd.DataFrame, predictions: dict) -> list[float | None]:
+    """Fraction of samples whose answer equals the matching dense run's (None: no dense run)."""
+    dense = {r.pairing: r.run_key for r in runs.itertuples() if r.method == "dense"}
+    out = []
+    for r in runs.itertuples():
+        ref = dense.get(r.pairing)
+        if ref is None:
+            out.append(None)
+            continue
+        mine, theirs = predictions[r.run_key], predictions[ref]
+        common = [k for k in mine if k in theirs]
+        out.append(sum(mine[k] == theirs[k] for k in common) / len(common) if common else None)
+    return out
