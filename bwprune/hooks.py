@@ -21,8 +21,10 @@ class HookSet:
     def __init__(self) -> None:
         self._undo: list[Callable[[], None]] = []
 
-    def forward_pre(self, module: nn.Module, fn: Callable[..., Any]) -> RemovableHandle:
-        handle = module.register_forward_pre_hook(fn)
+    def forward_pre(
+        self, module: nn.Module, fn: Callable[..., Any], with_kwargs: bool = False
+    ) -> RemovableHandle:
+        handle = module.register_forward_pre_hook(fn, with_kwargs=with_kwargs)
         self._undo.append(handle.remove)
         return handle
 

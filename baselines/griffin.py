@@ -1,0 +1,65 @@
+"""`griffin`: GRIFFIN, prompt-prompted adaptive structured pruning (Dong, Chen, Chi,
+arXiv 2404.01365, COLM 2024).
+
+Official code: github.com/hdong920/GRIFFIN @ d1d3d6e (`src/griffin/llama.py`, mode `gen`,
+selection `topk`). The prompt pass computes the full FF block; with z_t = act(W_gate x_t) ⊙
+W_up x_t the FF activation of prompt token t, each row is normalised, z̄_t = z_t / ‖z_t‖₂, and
+neuron j scores s_j = ‖(z̄_{1,j}, …, z̄_{S,j})‖₂, the L2 norm over prompt tokens. Each layer keeps
+the k = ⌊(1 − ρ)·D_FF⌋ top-scoring neurons (`density` 0.5 in all its scripts) and every decode
+step runs only those rows of W_gate/W_up and columns of W_down, fixed for the whole generation.
+
+Batches. GRIFFIN runs batch 1 only (`prepare_reduced_weights` asserts it). Paper A's adaptation
+(paper-specs A.7) shares one expert set: per-row prompt scores over each row's own valid tokens
+(padding excluded) are aggregated over the batch (`aggregate`, mean by default as the ARR version
+says the baselines average; max available) and top-k is taken on the aggregate. At batch 1 this is
+GRIFFIN exactly. The kept neurons run as real smaller matmuls (`SlicedMLP`).
+
+Deviation: the score is GRIFFIN's unnormalised L2 over tokens (no 1/√S as in paper A's Eq. 2), so
+with `mean` a longer prompt weighs more in the batch score, as its raw score is larger.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from bwprune.errors import UserError, choices_error
+from bwprune.methods.base import Phase, StepContext
+from bwprune.methods.ledger import StepSparsity
+from bwprune.methods.neuron_mask import NeuronMaskMethod, PhaseScores
+from bwprune.methods.neuron_scores import AGGREGATES, aggregate, kept_count, topk_index
+from bwprune.models.adapters import ModelAdapter
+
+
+class Griffin(NeuronMaskMethod):
+    """Top-k FFN neurons from the prompt's normalised activations, fixed through decoding."""
+
+    def __init__(self, sparsity: float, aggregate: str = "mean") -> None:
+        super().__init__()
+        if not 0.0 <= sparsity < 1.0:
+            raise UserError(f"sparsity={sparsity} is outside [0, 1)")
+        if aggregate not in AGGREGATES:
+            raise choices_error("aggregate", aggregate, AGGREGATES)
+        self.sparsity, self.aggregate = sparsity, aggregate
+        self.k: list[int] = []  # kept neurons per layer
+
+    def prepare(
+        self, model: nn.Module, adapter: ModelAdapter, tokenizer: PreTrainedTokenizerBase
+    ) -> None:
+        self.k = [kept_count(f.d_ff, self.sparsity, "floor") for f in adapter.ffns()]
+
+    def begin_batch(self, batch_size: int) -> None:
+        self.set_kept(None)  # the prompt pass is dense
+        self.phase = PhaseScores(len(self.sliced)) if self.sparsity > 0 else None
+
+    def end_step(self, ctx: StepContext) -> StepSparsity | None:
+        if ctx.phase is Phase.PREFILL and self.phase is not None:
+            phase, self.phase = self.phase, None
+            self.set_kept([self._select(phase, layer) for layer in range(len(self.sliced))])
+        return super().end_step(ctx)
+
+    def _select(self, phase: PhaseScores, layer: int) -> torch.Tensor:
+        """GRIFFIN's s_j = ‖z̄_{·,j}‖₂ per row, aggregated over the batch, then top-k."""
+        scores = phase.sum_sq[layer].sqrt()  # (B, D)
+        return topk_index(aggregate(scores, phase.rows, self.aggregate), self.k[layer])

@@ -1,0 +1,76 @@
+"""Griffin: exactly k neurons per layer, chosen from the prompt, fixed through generation."""
+
+import pytest
+import torch
+
+from baselines.dense import Dense
+from baselines.griffin import Griffin
+from bwprune.errors import UserError
+from bwprune.methods.base import Phase
+from bwprune.models.sliced_mlp import SlicedMLP
+from tests.conftest import PROMPTS, chat
+from tests.unit.test_baselines_thresholds import generate
+
+
+class Recorder(Griffin):
+    """Griffin that keeps, after each decode step, the index every layer computed."""
+
+    def end_step(self, ctx):
+        sparsity = super().end_step(ctx)
+        if ctx.phase is Phase.PREFILL:
+            self.log = []
+        else:
+            self.log.append([s.index.clone() for s in self.sliced])
+        return sparsity
+
+
+def test_keeps_exactly_k_and_never_changes_after_the_prompt(tiny):
+    model, tok = tiny
+    method = Recorder(0.5)
+    completions = generate(model, tok, method, PROMPTS, n=16)
+    first = method.log[0]
+    assert [k.numel() for k in first] == method.k == [64, 64]  # ⌊0.5 · 128⌋
+    assert all(torch.equal(a, b) for kept in method.log for a, b in zip(kept, first))
+    assert all(c.sparsity["ffn"] == pytest.approx(0.5) for c in completions)
+    assert not any(isinstance(layer.mlp, SlicedMLP) for layer in model.model.layers)  # detached
+
+
+def test_sparsity_zero_is_dense(tiny):
+    model, tok = tiny
+    dense = generate(model, tok, Dense(), PROMPTS)
+    griffin = generate(model, tok, Griffin(0.0), PROMPTS)
+    assert [c.token_ids for c in griffin] == [c.token_ids for c in dense]
+    assert all(c.sparsity["sparse_steps"] == 0 for c in griffin)
+
+
+def test_batch_of_one_is_griffins_prompt_top_k(tiny):
+    """s_j = ‖(z_t / ‖z_t‖)_j‖ over the prompt tokens, top-k: GRIFFIN at batch 1, by hand."""
+    model, tok = tiny
+    ids = tok(chat(tok, PROMPTS[:1]), return_tensors="pt", add_special_tokens=False).input_ids
+    z = []
+    handle = model.model.layers[1].mlp.down_proj.register_forward_pre_hook(
+        lambda m, a: z.append(a[0][0])
+    )
+    with torch.no_grad():
+        model(input_ids=ids)
+    handle.remove()
+    scores = (z[0] / z[0].norm(dim=-1, keepdim=True)).norm(dim=0)
+    method = Recorder(0.5)
+    generate(model, tok, method, PROMPTS[:1], n=3)
+    assert torch.equal(method.log[0][1], scores.topk(64).indices.sort().values)
+
+
+@pytest.mark.parametrize("how", ["mean", "max"])
+def test_identical_rows_keep_the_set_of_the_row_alone(tiny, how):
+    model, tok = tiny
+    alone, twice = Recorder(0.5, aggregate=how), Recorder(0.5, aggregate=how)
+    generate(model, tok, alone, PROMPTS[:1], n=3)
+    generate(model, tok, twice, PROMPTS[:1] * 2, n=3)
+    assert all(torch.equal(a, b) for a, b in zip(alone.log[0], twice.log[0]))
+
+
+def test_bad_arguments():
+    with pytest.raises(UserError, match=r"sparsity=-0.1 is outside \[0, 1\)"):
+        Griffin(-0.1)
+    with pytest.raises(UserError, match="aggregate='median' is not valid; choose one of"):
+        Griffin(0.5, aggregate="median")
