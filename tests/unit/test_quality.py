@@ -24,13 +24,18 @@ def test_binned_kl_is_exact_with_all_tokens_and_a_lower_bound_otherwise():
     assert torch.all(approx <= exact + 1e-6) and torch.all(approx >= 0)
 
 
-def test_dense_against_itself_has_zero_kl_and_equal_nll(tiny):
+def dense_setup(tiny, new_tokens, top_k):
+    """(model, tokenizer, adapter, ids, attn, the dense greedy reference) for PROMPTS."""
     model, tok = tiny
     adapter = adapter_for(model)
-    runner = BatchedRunner(model, tok, PruningMethod(), adapter, SamplingConfig(16))
-    ids, attn = runner.encode(chat(tok, PROMPTS))
-    ref = dense_reference(runner, ids, attn, top_k=32)
-    rows = forced_quality(runner, ids, attn, ref)
+    dense = BatchedRunner(model, tok, PruningMethod(), adapter, SamplingConfig(new_tokens))
+    ids, attn = dense.encode(chat(tok, PROMPTS))
+    return model, tok, adapter, dense, ids, attn, dense_reference(dense, ids, attn, top_k)
+
+
+def test_dense_against_itself_has_zero_kl_and_equal_nll(tiny):
+    *_, dense, ids, attn, ref = dense_setup(tiny, 16, 32)
+    rows = forced_quality(dense, ids, attn, ref)
     for row, length in zip(rows, ref.forcing.lengths.tolist()):
         assert row["tokens"] == length
         assert row["nll"] == pytest.approx(row["nll_dense"], abs=1e-5)
@@ -38,11 +43,7 @@ def test_dense_against_itself_has_zero_kl_and_equal_nll(tiny):
 
 
 def test_pruned_method_diverges_from_dense(tiny):
-    model, tok = tiny
-    adapter = adapter_for(model)
-    dense = BatchedRunner(model, tok, PruningMethod(), adapter, SamplingConfig(24))
-    ids, attn = dense.encode(chat(tok, PROMPTS))
-    ref = dense_reference(dense, ids, attn, top_k=64)
+    model, tok, adapter, _, ids, attn, ref = dense_setup(tiny, 24, 64)
     method = BWAP(0.7, t_init=2, t_explore=2, t_prune=6)
     method.prepare(model, adapter, tok)
     pruned = BatchedRunner(model, tok, method, adapter, SamplingConfig(24))
