@@ -24,6 +24,7 @@ from bwprune.errors import UserError
 from bwprune.generation.prompts import render_prompt
 from bwprune.generation.runner import BatchedRunner, BatchTiming, Completion, SamplingConfig
 from bwprune.methods.base import PruningMethod
+from bwprune.perplexity import evaluate_perplexity
 from bwprune.prepared import PreparedModel, prepare_model
 from bwprune.quality import DenseReference, dense_reference, forced_quality
 from bwprune.records import RunRecorder, method_name, provenance, run_key, summarize
@@ -109,6 +110,8 @@ def run(cfg: DictConfig) -> dict:
         log.info("complete run found, skipping: %s", recorder.dir)
         return json.loads(recorder.run_path.read_text())
     benchmark: Benchmark = build(cfg.benchmark)
+    if benchmark.kind == "perplexity":
+        return _run_perplexity(cfg, benchmark, recorder)
     items = work_items(select_examples(benchmark.examples(), cfg), _num_samples(cfg))
     recorder.start(cfg)
     method = build(cfg.method)  # bad method arguments fail here, before the model loads
@@ -124,6 +127,25 @@ def run(cfg: DictConfig) -> dict:
         names = {"benchmark": benchmark.name, "model": cfg.model.name, "method": method_name(cfg)}
         record = recorder.finish(metrics, provenance(cfg.seed, device), extra=names)
         tracker.log_run(record, samples)
+        return record
+    finally:
+        tracker.finish()
+
+
+def _run_perplexity(cfg: DictConfig, benchmark: Benchmark, recorder: RunRecorder) -> dict:
+    """A `kind = "perplexity"` benchmark: one evaluation, no samples; run.json holds the metrics."""
+    recorder.start(cfg)
+    method = build(cfg.method)
+    tracker = make_tracker(cfg, recorder.key, method_name(cfg))
+    try:
+        p = prepare_model(cfg, method)
+        metrics = evaluate_perplexity(
+            p.model, p.tokenizer, method, p.adapter, benchmark, cfg.batch_size, p.ledger
+        )
+        metrics["target_sparsity"] = float(cfg.method.get("sparsity", 0.0))
+        names = {"benchmark": benchmark.name, "model": cfg.model.name, "method": method_name(cfg)}
+        record = recorder.finish(metrics, provenance(cfg.seed, str(p.device)), extra=names)
+        tracker.log_run(record, [])
         return record
     finally:
         tracker.finish()

@@ -58,21 +58,9 @@ class WandbTracker:
         try:
             import wandb
 
-            m = record["metrics"]
-            rs = m["realized_sparsity"]
-            self.run.summary.update(
-                {
-                    f"acc/{record['benchmark']}": m["accuracy"],
-                    "sparsity/target": m["target_sparsity"],
-                    "sparsity/realized_ffn": rs["ffn"],
-                    "sparsity/realized_params": rs["params"],
-                    "speed/decode_tokens_per_s": m["decode_tokens_per_s"],
-                    "speed/decode_ms_per_step": m["decode_ms_per_step"],
-                    "speed/prefill_s": m["prefill_s"],
-                    "n": m["n"],
-                    "unscorable": m["unscorable"],
-                }
-            )
+            self.run.summary.update(summary_metrics(record))
+            if not samples:
+                return
             columns = ["index", "prediction", "gold", "correct", "new_tokens", "completion"]
             table = wandb.Table(columns=columns)
             for s in samples:
@@ -88,6 +76,34 @@ class WandbTracker:
             except Exception as e:
                 log.warning("wandb.finish failed (%s)", e)
             self.run = None
+
+
+# run.json metric -> W&B summary name; only the metrics a run has are logged.
+SUMMARY_NAMES = {
+    "target_sparsity": "sparsity/target",
+    "decode_tokens_per_s": "speed/decode_tokens_per_s",
+    "decode_ms_per_step": "speed/decode_ms_per_step",
+    "prefill_s": "speed/prefill_s",
+    "tokens_per_s": "speed/eval_tokens_per_s",
+    "n": "n",
+    "unscorable": "unscorable",
+}
+
+
+def summary_metrics(record: dict) -> dict:
+    """`acc/<bench>` or `ppl/<bench>`, `sparsity/...`, `speed/...`, `quality/...` of a run."""
+    m, bench = record["metrics"], record["benchmark"]
+    out = {name: m[key] for key, name in SUMMARY_NAMES.items() if key in m}
+    if "accuracy" in m:
+        out[f"acc/{bench}"] = m["accuracy"]
+    if "perplexity" in m:
+        out[f"ppl/{bench}"] = m["perplexity"]
+    for key in ("ffn", "ffn_sparse_steps", "params"):
+        if key in (m.get("realized_sparsity") or {}):
+            out[f"sparsity/realized_{key}"] = m["realized_sparsity"][key]
+    for key, value in (m.get("quality") or {}).items():
+        out[f"quality/{key}"] = value
+    return out
 
 
 def _logged_in() -> bool:

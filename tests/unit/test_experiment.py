@@ -133,3 +133,22 @@ def test_cli_prints_one_line_for_bad_input(tmp_path):
     )  # fmt: skip
     assert out.returncode == 2
     assert out.stderr.strip() == "error: batch_size=0 must be >= 1"
+
+
+def test_summary_metrics_for_generation_and_perplexity_records():
+    from bwprune.tracking import summary_metrics
+
+    gen = {"benchmark": "gsm8k", "metrics": {"accuracy": 0.5, "n": 2, "target_sparsity": 0.5,
+           "realized_sparsity": {"ffn": 0.4, "ffn_sparse_steps": 0.5, "params": 0.2}}}  # fmt: skip
+    assert summary_metrics(gen)["acc/gsm8k"] == 0.5
+    assert summary_metrics(gen)["sparsity/realized_ffn"] == 0.4
+    ppl = {"benchmark": "wikitext2", "metrics": {"perplexity": 24.9, "tokens_per_s": 10.0}}
+    assert summary_metrics(ppl) == {"ppl/wikitext2": 24.9, "speed/eval_tokens_per_s": 10.0}
+
+
+def test_perplexity_benchmark_runs_through_run(cfg_factory):
+    record = run(cfg_factory("model=tiny_llama", "benchmark=wikitext2", "benchmark.seq_len=32",
+                             "benchmark.max_windows=4", "method=ours"))  # fmt: skip
+    m = record["metrics"]
+    assert m["perplexity"] > 1 and m["n_windows"] == 4
+    assert record["benchmark"] == "wikitext2"
