@@ -27,14 +27,17 @@ def main(cfg: DictConfig) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     m = record["metrics"]
-    rs = m["realized_sparsity"]
-    print(
-        f"{record['run_key']}\n"
-        f"  accuracy {m['accuracy']:.3f} ({m['correct']}/{m['n']}, {m['unscorable']} unscorable)"
-        f"  realized sparsity ffn {rs['ffn']:.3f} params {rs['params']:.3f}"
-        f"  decode {m['decode_tokens_per_s']:.1f} tok/s ({m['decode_ms_per_step']:.1f} ms/step)\n"
-        f"  results: {cfg.paths.runs_dir}/{record['run_key']}"
-    )
+    rs = m.get("realized_sparsity") or {"ffn": 0.0, "params": 0.0}
+    sparsity = f"  realized sparsity ffn {rs['ffn']:.3f} params {rs['params']:.3f}"
+    if "perplexity" in m:
+        line = f"  perplexity {m['perplexity']:.3f} ({m['n_tokens']} tokens){sparsity}"
+    else:
+        line = (
+            f"  accuracy {m['accuracy']:.3f} ({m['correct']}/{m['n']}, {m['unscorable']} "
+            f"unscorable){sparsity}  decode {m['decode_tokens_per_s']:.1f} tok/s "
+            f"({m['decode_ms_per_step']:.1f} ms/step)"
+        )
+    print(f"{record['run_key']}\n{line}\n  results: {cfg.paths.runs_dir}/{record['run_key']}")
 
 
 if __name__ == "__main__":
