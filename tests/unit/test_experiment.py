@@ -41,23 +41,23 @@ def test_interrupted_run_resumes_without_duplicates(cfg_factory, monkeypatch):
     twin = cfg_factory(*TINY, "batch_size=2", "seed=1")
     reference = read_samples(run(twin), twin)
     cfg = cfg_factory(*TINY, "batch_size=2")
-    real = BatchedRunner.generate
+    real = BatchedRunner.generate_tokens
     calls = []
 
-    def crash_on_third(self, prompts):
+    def crash_on_third(self, *args, **kwargs):
         calls.append(1)
         if len(calls) == 3:
             raise KeyboardInterrupt
-        return real(self, prompts)
+        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(BatchedRunner, "generate", crash_on_third)
+    monkeypatch.setattr(BatchedRunner, "generate_tokens", crash_on_third)
     with pytest.raises(KeyboardInterrupt):
         run(cfg)
     recorder = RunRecorder(cfg.paths.runs_dir, run_key(cfg))
     assert len(recorder.samples()) == 4 and not recorder.is_complete()
     with recorder.samples_path.open("a") as f:
         f.write('{"index": 4, "prompt": "cut sh')  # a line a crash cut short
-    monkeypatch.setattr(BatchedRunner, "generate", real)
+    monkeypatch.setattr(BatchedRunner, "generate_tokens", real)
     record = run(cfg)
     samples = read_samples(record, cfg)
     assert [s["index"] for s in samples] == list(range(6))
