@@ -35,7 +35,8 @@ def load_runs(runs_dir: str | Path) -> pd.DataFrame:
     for path in sorted(Path(runs_dir).glob("**/run.json")):
         record = json.loads(path.read_text())
         cfg = yaml.safe_load((path.parent / "config.yaml").read_text())
-        m, rs = record["metrics"], record["metrics"]["realized_sparsity"]
+        m = record["metrics"]
+        rs = m.get("realized_sparsity") or {}
         quality = m.get("quality") or {}
         key = record["run_key"]
         predictions[key] = _predictions(path.parent / "samples.jsonl")
@@ -50,18 +51,19 @@ def load_runs(runs_dir: str | Path) -> pd.DataFrame:
                 "batch_size": cfg["batch_size"],
                 "seed": cfg["seed"],
                 "limit": cfg.get("limit"),
-                "n": m["n"],
-                "accuracy": m["accuracy"],
-                "unscorable": m["unscorable"],
+                "n": m.get("n"),
+                "accuracy": m.get("accuracy"),
+                "unscorable": m.get("unscorable"),
                 "target_sparsity": m["target_sparsity"],
-                "realized_ffn": rs["ffn"],
-                "realized_ffn_sparse_steps": rs["ffn_sparse_steps"],
-                "realized_params": rs["params"],
+                "realized_ffn": rs.get("ffn"),
+                "realized_ffn_sparse_steps": rs.get("ffn_sparse_steps"),
+                "realized_params": rs.get("params"),
                 "sparse_step_fraction": rs.get("sparse_step_fraction"),
+                "perplexity": m.get("perplexity"),
                 "nll_increase": quality.get("nll_increase"),
                 "kl": quality.get("kl"),
-                "decode_tokens_per_s": m["decode_tokens_per_s"],
-                "decode_ms_per_step": m["decode_ms_per_step"],
+                "decode_tokens_per_s": m.get("decode_tokens_per_s"),
+                "decode_ms_per_step": m.get("decode_ms_per_step"),
                 "device": record["provenance"]["device"],
                 "git_sha": record["provenance"].get("git_sha"),
             }

@@ -1,22 +1,87 @@
-"""Figures built from `load_runs` output; each function returns a matplotlib Figure."""
+"""The paper's figures, built from `load_runs` output (and speed records); each returns a Figure.
+
+Notebooks and `make figures` only call these. Methods are drawn in a fixed order and colour so a
+method looks the same in every figure.
+"""
 
 from __future__ import annotations
 
 import pandas as pd
 from matplotlib.figure import Figure
 
+METHOD_ORDER = ("dense", "ours", "teal", "cats", "griffin", "wanda", "trisp")
 
-def accuracy_vs_realized_sparsity(runs: pd.DataFrame) -> Figure:
-    """Accuracy against realized FFN sparsity (a), one marker series per method, per benchmark."""
-    benchmarks = sorted(runs["benchmark"].unique())
-    fig = Figure(figsize=(4.5 * len(benchmarks), 3.6), layout="constrained")
-    axes = fig.subplots(1, len(benchmarks), squeeze=False)[0]
+
+def _methods(frame: pd.DataFrame) -> list[str]:
+    present = set(frame["method"])
+    return [m for m in METHOD_ORDER if m in present] + sorted(present - set(METHOD_ORDER))
+
+
+def _panels(frame: pd.DataFrame, width: float = 4.5) -> tuple[Figure, list, list[str]]:
+    benchmarks = sorted(frame["benchmark"].unique())
+    fig = Figure(figsize=(width * len(benchmarks), 3.6), layout="constrained")
+    return fig, list(fig.subplots(1, len(benchmarks), squeeze=False)[0]), benchmarks
+
+
+def metric_vs(runs: pd.DataFrame, x: str, y: str, xlabel: str, ylabel: str) -> Figure:
+    """`y` against `x`, one line per method, one panel per benchmark (mean over repeats)."""
+    fig, axes, benchmarks = _panels(runs)
     for ax, bench in zip(axes, benchmarks):
         sub = runs[runs["benchmark"] == bench]
-        for method, group in sub.groupby("method"):
-            group = group.sort_values("realized_ffn")
-            ax.plot(group["realized_ffn"], group["accuracy"], "o-", label=method)
-        ax.set(title=bench, xlabel="realized FFN sparsity (a)", ylabel="accuracy")
+        for method in _methods(sub):
+            line = sub[sub["method"] == method].groupby(x)[y].mean().sort_index()
+            ax.plot(line.index, line.values, "o-", label=method)
+        ax.set(title=bench, xlabel=xlabel, ylabel=ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    return fig
+
+
+def collapse(runs: pd.DataFrame, y: str = "agreement") -> Figure:
+    """Accuracy or agreement with dense vs batch size: batch-shared masks collapse as B grows."""
+    return metric_vs(runs, "batch_size", y, "batch size", y)
+
+
+def accuracy_vs_realized_sparsity(runs: pd.DataFrame) -> Figure:
+    """Accuracy against realized FFN sparsity (a): what each method pays for what it skips."""
+    return metric_vs(runs, "realized_ffn", "accuracy", "realized FFN sparsity (a)", "accuracy")
+
+
+def drift(runs: pd.DataFrame) -> Figure:
+    """Realized vs target sparsity, one panel per batch size: thresholds drift, top-k does not."""
+    sizes = sorted(runs["batch_size"].unique())
+    fig = Figure(figsize=(4.0 * len(sizes), 3.6), layout="constrained")
+    axes = fig.subplots(1, len(sizes), squeeze=False)[0]
+    for ax, size in zip(axes, sizes):
+        sub = runs[(runs["batch_size"] == size) & (runs["method"] != "dense")]
+        for method in _methods(sub):
+            line = sub[sub["method"] == method].groupby("target_sparsity")
+            line = line["realized_ffn_sparse_steps"].mean().sort_index()
+            ax.plot(line.index, line.values, "o-", label=method)
+        ax.plot([0, 1], [0, 1], "k:", lw=1, label="realized = target")
+        ax.set(title=f"batch {size}", xlabel="target ρ", ylabel="realized on pruned steps (b)")
+        ax.set(xlim=(0, 0.8), ylim=(0, 0.8))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return fig
+
+
+def speedup_vs_batch(speed_rows: list[dict]) -> Figure:
+    """Decode speedup vs batch size per method, with the sparse-step bound and schedule ideal."""
+    frame = pd.DataFrame([r for r in speed_rows if "speedup_decode" in r])
+    frame["speedup"] = [r["median"] for r in frame["speedup_decode"]]
+    fig = Figure(figsize=(5.5, 3.8), layout="constrained")
+    ax = fig.subplots()
+    for method in _methods(frame):
+        sub = frame[frame["method"] == method].sort_values("batch_size")
+        (line,) = ax.plot(sub["batch_size"], sub["speedup"], "o-", label=method)
+        if method != "dense":
+            ax.plot(sub["batch_size"], sub["ideal_bandwidth"], "--", color=line.get_color(),
+                    lw=1, label=f"{method}: bandwidth ideal")  # fmt: skip
+    ax.set(
+        xlabel="batch size", ylabel="decode speedup vs dense", xscale="log", xticks=[1, 4, 8, 16]
+    )
+    ax.get_xaxis().set_major_formatter("{x:g}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     return fig

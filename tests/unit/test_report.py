@@ -4,7 +4,6 @@ import pytest
 
 from bwprune.experiment import run
 from bwprune.report.collect import load_runs
-from bwprune.report.figures import accuracy_vs_realized_sparsity
 from bwprune.report.tables import all_tables, default_variants
 from tests.conftest import CONF_DIR
 
@@ -50,9 +49,19 @@ def test_every_table_lists_its_runs(results):
     assert default in tables["batch_size"] and ablation not in tables["batch_size"]
 
 
-def test_figure_builds(results):
-    fig = accuracy_vs_realized_sparsity(load_runs(results[0]))
-    assert fig.axes and fig.axes[0].get_title() == "gsm8k"
+def test_figures_build(results):
+    from bwprune.report import figures
+
+    runs = load_runs(results[0])
+    for fig in (figures.collapse(runs), figures.accuracy_vs_realized_sparsity(runs),
+                figures.drift(runs)):  # fmt: skip
+        assert fig.axes
+    assert figures.collapse(runs).axes[0].get_title() == "gsm8k"
+    speed = [
+        {"batch_size": b, "method": m, "speedup_decode": {"median": s}, "ideal_bandwidth": 1.3}
+        for b in (1, 4) for m, s in (("dense", 1.0), ("ours", 1.2))
+    ]  # fmt: skip
+    assert len(figures.speedup_vs_batch(speed).axes[0].lines) == 3  # dense, ours, ours' ideal
 
 
 def test_no_runs_gives_empty_frame(tmp_path):
