@@ -152,3 +152,25 @@ def test_perplexity_benchmark_runs_through_run(cfg_factory):
     m = record["metrics"]
     assert m["perplexity"] > 1 and m["n_windows"] == 4
     assert record["benchmark"] == "wikitext2"
+
+
+def test_nothing_leaks_between_jobs_in_one_process(cfg_factory):
+    """Hydra's basic launcher runs multirun jobs in one process: a pruned job leaves no trace."""
+    tiny = ["model=tiny_llama", "limit=3", "generation.max_new_tokens=24"]
+    before = read_samples(run(cfg_factory(*tiny)), cfg_factory())
+    run(cfg_factory(*tiny, "method=ours", "method.t_init=2"))
+    after_cfg = cfg_factory(*tiny, "seed=1")  # another folder, same greedy outputs
+    after = read_samples(run(after_cfg), after_cfg)
+    assert [s["completion"] for s in after] == [s["completion"] for s in before]
+
+
+@pytest.mark.slow
+def test_multirun_sweep_from_the_command_line(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "run.py", "-m", "model=tiny_llama", "limit=2", "batch_size=1,2",
+         "method=dense,ours", "progress=false", f"paths.results_dir={tmp_path}"],
+        cwd=root, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert len(list((tmp_path / "runs").glob("**/run.json"))) == 4
