@@ -21,9 +21,10 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from bwprune.calibration import artifact_dir, cached_tensors, calibration_windows, run_calibration
 from bwprune.errors import UserError, choices_error
+from bwprune.hooks import HookSet
 from bwprune.methods.base import Phase, StepContext
+from bwprune.methods.calibrated import LayerStream, calibration_artifact
 from bwprune.methods.neuron_mask import NeuronMaskMethod, PhaseScores
 from bwprune.methods.neuron_scores import (
     AGGREGATES,
@@ -150,32 +151,29 @@ class BWAP(NeuronMaskMethod):
         drives every mask refresh; `t_init` when t_explore = 0) and each window scored as one
         sample's phase, so one sample alone keeps ≈ (1 − ρ)·D neurons at runtime.
         """
-        cal = self.calibration
         window = self.t_explore or self.t_init or 1
-        key = {"sparsity": self.sparsity, "window": window, **dict(cal)}
-        key.pop("cache_dir", None)
-        folder = artifact_dir(self.cache_dir or cal.get("cache_dir", "."), "ours", model, key)
 
-        def compute() -> dict[str, torch.Tensor]:
-            seqs = calibration_windows(
-                tokenizer, cal["text_file"], cal["num_sequences"], cal["seq_len"], cal["seed"]
-            )
-            scores: list[list[torch.Tensor]] = [[] for _ in adapter.layers]
+        def window_scores(z: torch.Tensor) -> torch.Tensor:
+            """(N, T, D) -> every window's (D,) Eq. 2 scores, flattened."""
+            t = z.shape[1] // window * window
+            z = z[:, :t].reshape(-1, window, z.shape[-1])  # (N·T/w, w, D)
+            ones = torch.ones(z.shape[:2], dtype=torch.bool, device=z.device)
+            count = torch.full((z.shape[0],), window, device=z.device)
+            return phase_score(normalized_sq(z, ones), count).flatten()
 
-            def reader(layer: int):
-                def read(module: nn.Module, args: tuple) -> None:
-                    z = args[0]  # (N, T, D)
-                    t = z.shape[1] // window * window
-                    z = z[:, :t].reshape(-1, window, z.shape[-1])  # (N·T/w, w, D)
-                    ones = torch.ones(z.shape[:2], dtype=torch.bool, device=z.device)
-                    count = torch.full((z.shape[0],), window, device=z.device)
-                    scores[layer].append(phase_score(normalized_sq(z, ones), count).flatten())
-
-                return read
-
-            run_calibration(model, seqs, {f.down: reader(f.index) for f in adapter.ffns()})
-            thresholds = [torch.quantile(torch.cat(s).float().cpu(), self.sparsity) for s in scores]
+        def compute(stream: LayerStream) -> dict[str, torch.Tensor]:
+            thresholds = []
+            for view in adapter.ffns():
+                scores: list[torch.Tensor] = []
+                with HookSet() as hooks:
+                    hooks.forward_pre(view.down, lambda m, args, out=scores: out.append(
+                        window_scores(args[0])
+                    ))  # fmt: skip
+                    stream.advance(view.index)
+                thresholds.append(torch.quantile(torch.cat(scores).float().cpu(), self.sparsity))
             return {"thresholds": torch.stack(thresholds)}
 
-        device = next(model.parameters()).device
-        return cached_tensors(folder, key, compute)["thresholds"].to(device)
+        key = {"sparsity": self.sparsity, "window": window}
+        return calibration_artifact(
+            "ours", model, adapter, tokenizer, self.calibration, self.cache_dir, key, compute
+        )["thresholds"]
