@@ -7,7 +7,9 @@ Every window is one forward that the method sees exactly as it sees the runner's
 therefore acts here as it acts on a prompt: static methods (dense, Wanda, TriSP) fully; dynamic
 ones (TEAL, CATS, Griffin, ours) with whatever their prefill rule is — e.g. a method that stays
 dense during prefill measures the dense perplexity. The caller runs `method.prepare` first, as
-for generation.
+for generation. The ledger counts each window's forward as a step; TEAL and CATS report no
+prefill sparsity to it (their ledger is defined on decode steps), so their perplexity runs show
+realized sparsity 0 although their prefill rule thresholds part of each window.
 
 Perplexity = exp(Σ NLL / n) over all scored tokens (not a mean of per-window perplexities).
 """

@@ -56,6 +56,7 @@ class NeuronMaskMethod(PruningMethod):
         self.sliced: list[SlicedMLP] = []
         self.phase: PhaseScores | None = None  # set by the subclass while it is observing
         self._ffn_sparsity: torch.Tensor | None = None  # (L,) of the current kept sets; None: dense
+        self._ran_at: torch.Tensor | None = None  # _ffn_sparsity when the current forward began
 
     def attach(self, model: nn.Module, adapter: ModelAdapter) -> HookSet:
         hooks = HookSet()
@@ -76,6 +77,7 @@ class NeuronMaskMethod(PruningMethod):
 
     def begin_step(self, ctx: StepContext) -> None:
         self._valid = ctx.valid
+        self._ran_at = self._ffn_sparsity  # what this forward computes, whatever end_step changes
         if self.phase is not None:
             self.phase.count_tokens(ctx.valid)
 
@@ -97,4 +99,5 @@ class NeuronMaskMethod(PruningMethod):
         self._ffn_sparsity = 1.0 - kept / d_ff
 
     def end_step(self, ctx: StepContext) -> StepSparsity | None:
-        return None if self._ffn_sparsity is None else StepSparsity(self._ffn_sparsity)
+        """The kept sets this forward ran with (a mask chosen in end_step applies from the next)."""
+        return None if self._ran_at is None else StepSparsity(self._ran_at)

@@ -7,8 +7,9 @@ from baselines.dense import Dense
 from baselines.griffin import Griffin
 from bwprune.errors import UserError
 from bwprune.methods.base import Phase
+from bwprune.models.adapters import adapter_for
 from bwprune.models.sliced_mlp import SlicedMLP
-from tests.conftest import PROMPTS, chat
+from tests.conftest import PROMPTS, chat, tiny_model
 from tests.unit.test_baselines_thresholds import generate
 
 
@@ -74,3 +75,28 @@ def test_bad_arguments():
         Griffin(-0.1)
     with pytest.raises(UserError, match="aggregate='median' is not valid; choose one of"):
         Griffin(0.5, aggregate="median")
+
+
+def test_prefill_reports_the_dense_forward_it_ran():
+    """The mask Griffin picks at the end of prefill applies from the first decode step on."""
+    from bwprune.methods.base import StepContext
+
+    model, tok = tiny_model("tiny_llama")
+    adapter = adapter_for(model)
+    method = Griffin(0.5)
+    method.prepare(model, adapter, tok)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with method.attach(model, adapter):
+        method.begin_batch(1)
+        ctx = StepContext(
+            Phase.PREFILL, 0, torch.ones(1, 4, dtype=torch.bool), torch.zeros(1, dtype=torch.bool)
+        )
+        method.begin_step(ctx)
+        model(input_ids=ids)
+        assert method.end_step(ctx) is None  # prefill ran dense
+        step = StepContext(
+            Phase.DECODE, 0, torch.ones(1, 1, dtype=torch.bool), torch.zeros(1, dtype=torch.bool)
+        )
+        method.begin_step(step)
+        model(input_ids=ids[:, :1])
+        assert method.end_step(step) is not None
