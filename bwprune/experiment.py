@@ -27,8 +27,16 @@ from bwprune.methods.base import PruningMethod
 from bwprune.perplexity import evaluate_perplexity
 from bwprune.prepared import PreparedModel, prepare_model
 from bwprune.quality import DenseReference, dense_reference, forced_quality
-from bwprune.records import RunRecorder, method_name, provenance, run_key, summarize
+from bwprune.records import (
+    RunRecorder,
+    method_name,
+    provenance,
+    run_key,
+    summarize,
+    target_sparsity,
+)
 from bwprune.scoring.common import Score, prompt_opens_think
+from bwprune.shards import merge_shards, shard_batches
 from bwprune.tracking import make_tracker
 
 log = logging.getLogger(__name__)
@@ -46,13 +54,16 @@ def build(node: DictConfig) -> Any:
 
 
 def select_examples(examples: list[Example], cfg: DictConfig) -> list[Example]:
-    """The `subset` (by dataset id, file order kept), then this shard, then its first `limit`."""
+    """The `subset` (by dataset id, file order kept), then its first `limit`.
+
+    Sharding comes after, over whole batches (`bwprune.shards`), so a shard's batches are batches
+    of the unsharded run.
+    """
     if cfg.subset is not None:
         if not OmegaConf.is_list(cfg.subset):
             raise UserError(f"subset={cfg.subset!r} must be a list of ids, e.g. subset=[0,5,17]")
         examples = _subset(examples, [str(i) for i in cfg.subset])
-    chosen = examples[cfg.shard :: cfg.num_shards]
-    return chosen[: cfg.limit] if cfg.limit is not None else chosen
+    return examples[: cfg.limit] if cfg.limit is not None else examples
 
 
 def _subset(examples: list[Example], ids: list[str]) -> list[Example]:
@@ -102,7 +113,17 @@ def sample_row(
 
 
 def run(cfg: DictConfig) -> dict:
-    """Run (or resume, or skip if complete) the configured job; returns its `run.json` record."""
+    """Run (or resume, or skip if complete) the configured job; returns its `run.json` record.
+
+    A shard's job also merges the shards into the unsharded run once they are all complete.
+    """
+    record = _run_job(cfg)
+    if cfg.num_shards > 1:
+        merge_shards(cfg)
+    return record
+
+
+def _run_job(cfg: DictConfig) -> dict:
     validate(cfg)
     key = run_key(cfg)
     recorder = RunRecorder(cfg.paths.runs_dir, key)
@@ -113,17 +134,18 @@ def run(cfg: DictConfig) -> dict:
     if benchmark.kind == "perplexity":
         return _run_perplexity(cfg, benchmark, recorder)
     items = work_items(select_examples(benchmark.examples(), cfg), _num_samples(cfg))
+    batches = shard_batches(items, cfg.batch_size, cfg.shard, cfg.num_shards)
     recorder.start(cfg)
     method = build(cfg.method)  # bad method arguments fail here, before the model loads
     tracker = make_tracker(cfg, key, method_name(cfg))
     try:
-        device = _generate_missing(cfg, benchmark, method, items, recorder)
-        wanted = {(e.index, k) for e, k in items}
+        device = _generate_missing(cfg, benchmark, method, batches, recorder)
+        wanted = {(e.index, k) for batch in batches for e, k in batch}
         samples = sorted(
             (s for s in recorder.samples() if RunRecorder.row_key(s) in wanted),
             key=RunRecorder.row_key,
         )
-        metrics = summarize(samples, recorder.timings(), float(cfg.method.get("sparsity", 0.0)))
+        metrics = summarize(samples, recorder.timings(), target_sparsity(cfg))
         names = {"benchmark": benchmark.name, "model": cfg.model.name, "method": method_name(cfg)}
         record = recorder.finish(metrics, provenance(cfg.seed, device), extra=names)
         tracker.log_run(record, samples)
@@ -134,6 +156,11 @@ def run(cfg: DictConfig) -> dict:
 
 def _run_perplexity(cfg: DictConfig, benchmark: Benchmark, recorder: RunRecorder) -> dict:
     """A `kind = "perplexity"` benchmark: one evaluation, no samples; run.json holds the metrics."""
+    if cfg.num_shards > 1:
+        raise UserError(
+            f"num_shards={cfg.num_shards}: benchmark={benchmark.name} is one perplexity "
+            "evaluation and cannot be sharded; shard/num_shards apply to generation benchmarks"
+        )
     recorder.start(cfg)
     method = build(cfg.method)
     tracker = make_tracker(cfg, recorder.key, method_name(cfg))
@@ -142,7 +169,7 @@ def _run_perplexity(cfg: DictConfig, benchmark: Benchmark, recorder: RunRecorder
         metrics = evaluate_perplexity(
             p.model, p.tokenizer, method, p.adapter, benchmark, cfg.batch_size, p.ledger
         )
-        metrics["target_sparsity"] = float(cfg.method.get("sparsity", 0.0))
+        metrics["target_sparsity"] = target_sparsity(cfg)
         names = {"benchmark": benchmark.name, "model": cfg.model.name, "method": method_name(cfg)}
         record = recorder.finish(metrics, provenance(cfg.seed, str(p.device)), extra=names)
         tracker.log_run(record, [])
@@ -166,15 +193,15 @@ def _generate_missing(
     cfg: DictConfig,
     benchmark: Benchmark,
     method: Any,
-    items: list[tuple[Example, int]],
+    batches: list[list[tuple[Example, int]]],
     recorder: RunRecorder,
 ) -> str:
-    """Generate every batch that has a (problem, sample) not yet on disk; returns the device."""
+    """Generate every batch that has a (problem, sample) not yet on disk; returns the device.
+
+    Batches are cut from the full selection, so a resumed run sees the same batch compositions
+    (a batch-shared mask depends on who else is in the batch).
+    """
     done = recorder.done_keys()
-    bs = cfg.batch_size
-    # Batches are cut from the full selection, so a resumed run sees the same batch compositions
-    # (a batch-shared mask depends on who else is in the batch).
-    batches = [items[i : i + bs] for i in range(0, len(items), bs)]
     todo = [b for b in batches if any((e.index, k) not in done for e, k in b)]
     if not todo:
         return str(cfg.model.device)
@@ -268,7 +295,7 @@ def rescore(run_dir: str | Path) -> dict:
     tmp.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
     tmp.replace(recorder.samples_path)
     old = json.loads(recorder.run_path.read_text()) if recorder.run_path.exists() else {}
-    metrics = summarize(samples, recorder.timings(), float(cfg.method.get("sparsity", 0.0)))
+    metrics = summarize(samples, recorder.timings(), target_sparsity(cfg))
     prov = old.get("provenance") or provenance(cfg.seed, str(cfg.model.device))
     extra = {k: old[k] for k in ("benchmark", "model", "method") if k in old}
     recorder.key = old.get("run_key", run_dir.name)

@@ -41,6 +41,11 @@ def method_name(cfg: DictConfig) -> str:
     return str(cfg.method._target_).rsplit(".", 2)[-2]
 
 
+def target_sparsity(cfg: DictConfig) -> float:
+    """The method's own target ρ (0 for methods without one, e.g. dense)."""
+    return float(cfg.method.get("sparsity", 0.0))
+
+
 def identity(cfg: DictConfig) -> dict:
     """The resolved config without the keys that cannot change the outputs."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -68,7 +73,7 @@ def run_key(cfg: DictConfig) -> str:
     """
     ident = identity(cfg)
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:8]
-    rho = float(cfg.method.get("sparsity", 0.0))
+    rho = target_sparsity(cfg)
     leaf = f"rho={rho:g}_bs={cfg.batch_size}_seed={cfg.seed}_{digest}"
     return f"{cfg.benchmark.name}/{cfg.model.name}/{method_name(cfg)}/{leaf}"
 

@@ -130,8 +130,8 @@ def test_gpqa_bad_local_file(tmp_path, content, suffix, message):
     ("overrides", "ids"),
     [
         (["subset=[17,3,5]"], ["3", "5", "17"]),  # file order, whatever the list's order
-        (["subset=[17,3,5]", "num_shards=2", "shard=1"], ["5"]),  # then sharding ...
-        (["subset=[17,3,5]", "limit=2"], ["3", "5"]),  # ... and limit
+        (["subset=[17,3,5]", "limit=2"], ["3", "5"]),  # then limit
+        (["subset=[17,3,5]", "num_shards=2", "shard=1"], ["3", "5", "17"]),  # shards cut batches
         (["benchmark=amc23", "subset=[7,8]"], ["7", "8"]),  # the dataset's ids, not positions
         (
             ["benchmark=math500", "subset=[test/precalculus/807.json]"],

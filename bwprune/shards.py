@@ -1,0 +1,90 @@
+"""Sharding a benchmark across jobs, and merging the shards' records into the one unsharded run.
+
+Shards are dealt whole batches, round-robin, from the batches of the unsharded run. A batch-shared
+mask depends on which problems share the batch, so only this keeps every shard's batch identical
+to a batch of the unsharded run: the merged shards then are that run (same samples, same realized
+sparsity), and they are written under its run key, where tables and `run.py` find them.
+The last shard to finish merges; a complete unsharded run is never rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections.abc import Sequence
+from typing import TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+
+from bwprune.records import RunRecorder, run_key, summarize, target_sparsity
+
+log = logging.getLogger(__name__)
+Item = TypeVar("Item")
+
+
+def shard_batches(
+    items: Sequence[Item], batch_size: int, shard: int, num_shards: int
+) -> list[list[Item]]:
+    """This shard's batches: batch j of the unsharded run goes to shard j mod `num_shards`."""
+    batches = [list(items[i : i + batch_size]) for i in range(0, len(items), batch_size)]
+    return batches[shard::num_shards]
+
+
+def with_shard(cfg: DictConfig, shard: int, num_shards: int) -> DictConfig:
+    out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    out.shard, out.num_shards = shard, num_shards
+    return out
+
+
+def merge_shards(cfg: DictConfig) -> dict | None:
+    """Once every shard of `cfg`'s run is complete, write the unsharded run from their records.
+
+    Returns the merged `run.json` record, or None while a shard is still missing. The merged
+    folder is built aside and renamed into place, so two shards finishing together cannot
+    interleave their writes.
+    """
+    runs_dir = cfg.paths.runs_dir
+    shards = [RunRecorder(runs_dir, run_key(with_shard(cfg, i, cfg.num_shards)))
+              for i in range(cfg.num_shards)]  # fmt: skip
+    missing = [r.key for r in shards if not r.is_complete()]
+    if missing:
+        log.info("%d of %d shards complete; merging waits for %s", len(shards) - len(missing),
+                 len(shards), missing)  # fmt: skip
+        return None
+    whole = with_shard(cfg, 0, 1)
+    key = run_key(whole)
+    final = RunRecorder(runs_dir, key)
+    if final.is_complete():
+        return _read_record(final)
+    staging = os.path.join(runs_dir, f".merging-{os.getpid()}")
+    merged = RunRecorder(staging, key)
+    merged.start(whole)
+    samples = {RunRecorder.row_key(s): s for r in shards for s in r.samples()}
+    timings = sorted((t for r in shards for t in r.timings()),
+                     key=lambda t: (t["samples"][0], t["indices"][0]))  # fmt: skip
+    for t in timings:  # the unsharded run's batch order and per-batch file layout
+        merged.append([samples[k] for k in zip(t["indices"], t["samples"])], t)
+    first = _read_record(shards[0])
+    ordered = sorted(samples.values(), key=RunRecorder.row_key)
+    record = merged.finish(
+        summarize(ordered, timings, target_sparsity(whole)),
+        first["provenance"],
+        extra={
+            **{k: first[k] for k in ("benchmark", "model", "method")},
+            "merged_from": [r.key for r in shards],
+        },
+    )
+    final.dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(merged.dir, final.dir)
+    except OSError:  # another shard's merge got there first: its folder is the same run
+        log.info("merged run already written by another job: %s", final.dir)
+    shutil.rmtree(staging, ignore_errors=True)
+    log.info("merged %d shards into %s", len(shards), final.dir)
+    return record
+
+
+def _read_record(recorder: RunRecorder) -> dict:
+    return json.loads(recorder.run_path.read_text())
