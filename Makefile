@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-fast lint format tables figures bench rescore clean
+.PHONY: help install run test test-fast lint format tables figures traces bench rescore clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -39,10 +39,13 @@ format: $(STAMP)  ## ruff fix + format
 	$(PY) -m ruff format .
 
 tables: $(STAMP)  ## tables from results/runs -> results/tables/
-	$(PY) scripts/make_tables.py
+	$(PY) scripts/make_tables.py $(ARGS)
 
 figures: $(STAMP)  ## figures from results/runs -> results/figures/
-	$(PY) scripts/make_figures.py
+	$(PY) scripts/make_figures.py $(ARGS)
+
+traces: $(STAMP)  ## per-step traces for the dynamics figures -> results/traces/ (ARGS=overrides)
+	$(PY) scripts/trace.py $(ARGS)
 
 bench: $(STAMP)  ## decode speed, methods alternated in one process -> results/speed/ (ARGS=overrides)
 	$(PY) scripts/bench_speed.py $(ARGS)

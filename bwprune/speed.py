@@ -160,8 +160,17 @@ def _summarize(batch: int, samples: dict[str, list[dict]], dense_bytes: int, ffn
     return rows
 
 
-def markdown_table(rows: list[dict]) -> str:
-    """The speed table: medians with [min, max], speedups vs dense next to their bounds."""
+SPEED_COLUMNS = (
+    "batch", "method", "decode ms/step", "decode tok/s", "prefill ms", "e2e s", "speedup e2e",
+    "speedup decode", "sparse steps", "bound (sparse step)", "ideal (bandwidth)",
+    "ideal (measured r)",
+)  # fmt: skip
+
+
+def table_cells(rows: list[dict]) -> list[list[str]]:
+    """The speed table's cells, one list per row in `SPEED_COLUMNS` order: medians with
+    [min, max], speedups vs dense next to their bounds. Plain strings, so the markdown here and
+    the LaTeX of `make tables` show the same numbers."""
 
     def fmt(v, scale=1.0, digits=2):
         if v is None:
@@ -171,18 +180,20 @@ def markdown_table(rows: list[dict]) -> str:
             return f"{mid} [{lo}, {hi}]"
         return f"{v * scale:.{digits}f}"
 
-    head = (
-        "| batch | method | decode ms/step | decode tok/s | prefill ms | e2e s | speedup e2e "
-        "| speedup decode | sparse steps | bound (sparse step) | ideal (bandwidth) "
-        "| ideal (measured r) |"
-    )
-    lines = [head, "|" + "---|" * 12]
-    for r in rows:
-        lines.append(
-            f"| {r['batch_size']} | {r['method']} | {fmt(r.get('step_ms'), digits=1)} "
-            f"| {fmt(r.get('tokens_per_s'), digits=1)} | {fmt(r.get('prefill_s'), 1e3, 1)} "
-            f"| {fmt(r['e2e_s'])} | {fmt(r['speedup_e2e'])} | {fmt(r.get('speedup_decode'))} "
-            f"| {fmt(r.get('sparse_fraction'))} | {fmt(r.get('bandwidth_bound'))} "
-            f"| {fmt(r.get('ideal_bandwidth'))} | {fmt(r.get('ideal_measured_r'))} |"
-        )
+    def cells(r: dict) -> list[str]:
+        return [
+            str(r["batch_size"]), r["method"], fmt(r.get("step_ms"), digits=1),
+            fmt(r.get("tokens_per_s"), digits=1), fmt(r.get("prefill_s"), 1e3, 1),
+            fmt(r["e2e_s"]), fmt(r["speedup_e2e"]), fmt(r.get("speedup_decode")),
+            fmt(r.get("sparse_fraction")), fmt(r.get("bandwidth_bound")),
+            fmt(r.get("ideal_bandwidth")), fmt(r.get("ideal_measured_r")),
+        ]  # fmt: skip
+
+    return [cells(r) for r in rows]
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The speed table as markdown (`table_cells`)."""
+    lines = ["| " + " | ".join(SPEED_COLUMNS) + " |", "|" + "---|" * len(SPEED_COLUMNS)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in table_cells(rows)]
     return "\n".join(lines) + "\n"

@@ -30,11 +30,17 @@ def _pairing_key(cfg: dict, benchmark: str, model: str) -> str:
 
 
 def load_runs(runs_dir: str | Path) -> pd.DataFrame:
-    """One row per complete run under `runs_dir`: names, config, metrics, agreement with dense."""
+    """One row per complete run under `runs_dir`: names, config, metrics, agreement with dense.
+
+    A shard (`num_shards` > 1) is part of a run, not a run: it is left out, and its run appears
+    once the shards are merged (`bwprune.shards`).
+    """
     rows, predictions = [], {}
-    for path in sorted(Path(runs_dir).glob("**/run.json")):
+    for path in sorted(Path(runs_dir).glob("*/*/*/*/run.json")):
         record = json.loads(path.read_text())
         cfg = yaml.safe_load((path.parent / "config.yaml").read_text())
+        if cfg.get("num_shards", 1) > 1:
+            continue
         m = record["metrics"]
         rs = m.get("realized_sparsity") or {}
         quality = m.get("quality") or {}
@@ -43,6 +49,7 @@ def load_runs(runs_dir: str | Path) -> pd.DataFrame:
         rows.append(
             {
                 "run_key": key,
+                "finished_at": record.get("finished_at"),
                 "benchmark": record.get("benchmark"),
                 "model": record.get("model"),
                 "method": record.get("method"),
@@ -70,6 +77,7 @@ def load_runs(runs_dir: str | Path) -> pd.DataFrame:
         )
     runs = pd.DataFrame(rows)
     if not runs.empty:
+        runs["n"] = runs["n"].astype("Int64")  # counts stay integers next to perplexity runs' None
         runs["agreement"] = _agreement(runs, predictions)
     return runs
 

@@ -1,23 +1,63 @@
-"""The paper's tables, built from `load_runs` output. Each returns markdown that lists its runs.
+"""The paper's tables, built from `load_runs` output; each is written as markdown and LaTeX.
 
 Main, batch-size and sparsity tables use each method's default variant (its yaml defaults); the
-ablation tables vary one argument of `ours`. Realized sparsity follows bwprune/methods/ledger.py
-(decode steps only): (a) FFN neurons over all decode steps, (c) all parameters skipped per token.
+ablation tables vary one argument of `ours`. Every cell comes from one run: where a configuration
+was run on several evaluation sizes (`limit`, `subset`), the run with the most problems is used
+(`largest_evaluations`). Realized sparsity follows bwprune/methods/ledger.py (decode steps only):
+(a) FFN neurons over all decode steps, (c) all parameters skipped per token.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from bwprune.report.collect import method_variant
+from bwprune.speed import SPEED_COLUMNS, table_cells
 
 FOOTNOTE = (
-    "acc = accuracy (pass@1); agree = answers equal to the matching dense run's; (a) realized FFN "
-    "sparsity over decode steps; (c) fraction of all parameters skipped per decode token."
+    "n = problems; acc = accuracy (pass@1); agree = answers equal to the matching dense run's; "
+    "KL = token-level KL(dense ‖ method) on the dense model's continuation, teacher-forced; "
+    "(a) realized FFN sparsity over decode steps; (b) on pruned steps only; "
+    "(c) fraction of all parameters skipped per decode token."
 )
+# What makes two runs the same cell of a table; runs that differ only in how many problems they
+# saw (limit/subset) or in the generation settings are candidates for one cell.
+CELL = ("benchmark", "model", "method", "variant", "batch_size", "seed", "target_sparsity")
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table, its title, and the runs its numbers come from."""
+
+    title: str
+    frame: pd.DataFrame
+    run_keys: list[str]
+    note: str = FOOTNOTE
+
+    def markdown(self) -> str:
+        body = (
+            self.frame.to_markdown(index=False, floatfmt=".3f")
+            if not self.frame.empty
+            else "(no matching runs)"
+        )
+        keys = "".join(f"\n- `{k}`" for k in sorted(self.run_keys))
+        used = f"\n\nRuns used:{keys}" if keys else ""
+        return f"## {self.title}\n\n{body}\n\n{self.note}{used}\n"
+
+    def latex(self) -> str:
+        """A `table` environment for a paper; the runs are listed in a comment above it."""
+        keys = "".join(f"% {k}\n" for k in sorted(self.run_keys))
+        frame = self.frame if not self.frame.empty else pd.DataFrame({"": ["(no matching runs)"]})
+        body = frame.to_latex(index=False, float_format="%.3f", na_rep="--", escape=True)
+        caption = self.title.replace("ρ", "$\\rho$")
+        return (
+            f"% {self.title}: built by `make tables` from results/runs. Runs used:\n{keys}"
+            f"\\begin{{table}}[t]\n\\centering\n\\caption{{{caption}}}\n{body}\\end{{table}}\n"
+        )
 
 
 def default_variants(conf_dir: str | Path, methods: list[str]) -> dict[str, str]:
@@ -33,90 +73,130 @@ def default_variants(conf_dir: str | Path, methods: list[str]) -> dict[str, str]
     return out
 
 
+def largest_evaluations(runs: pd.DataFrame) -> pd.DataFrame:
+    """One run per table cell: the one with the most problems (then the latest)."""
+    ordered = runs.sort_values(["n", "finished_at"], ascending=False, kind="stable")
+    return ordered.drop_duplicates(list(CELL)).sort_index()
+
+
+def default_cells(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
+    """What the main figures draw: each method's default variant, one run per cell."""
+    return _defaults_only(largest_evaluations(runs), defaults)
+
+
 def _defaults_only(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
     return runs[[defaults.get(m) == v for m, v in zip(runs["method"], runs["variant"])]]
 
 
-def _markdown(table: pd.DataFrame, used: pd.DataFrame, title: str) -> str:
-    keys = "\n".join(f"- `{k}`" for k in sorted(used["run_key"]))
-    body = table.to_markdown(floatfmt=".3f") if not table.empty else "(no matching runs)"
-    return f"## {title}\n\n{body}\n\n{FOOTNOTE}\n\nRuns used:\n{keys}\n"
+def _at_target(runs: pd.DataFrame, rho: float = 0.5) -> pd.DataFrame:
+    return runs[(runs["method"] == "dense") | (runs["target_sparsity"] == rho)]
 
 
-def main_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int = 4) -> str:
-    """Accuracy per benchmark and their mean, agreement and realized sparsity, per method."""
-    sel = _defaults_only(runs, defaults)
-    sel = sel[
-        (sel["batch_size"] == batch_size)
-        & ((sel["method"] == "dense") | (sel["target_sparsity"] == 0.5))
+def _wide(
+    runs: pd.DataFrame, index: list[str], column: str, values: dict[str, str]
+) -> pd.DataFrame:
+    """`values` (run column -> label) spread over `column`, flat headers such as `acc B=4`."""
+    table = runs.pivot_table(index=index, columns=column, values=list(values), aggfunc="first")
+    short = {"batch_size": "B", "target_sparsity": "ρ", "benchmark": ""}[column]
+    table.columns = [
+        f"{values[v]} {short}={c:g}" if short else f"{values[v]} {c}" for v, c in table.columns
     ]
-    acc = sel.pivot_table(index=["model", "method"], columns="benchmark", values="accuracy")
-    acc.columns = [f"acc {c}" for c in acc.columns]
-    acc["acc mean (shown)"] = acc.mean(axis=1)
-    extra = sel.groupby(["model", "method"])[
-        ["agreement", "realized_ffn", "realized_params", "kl"]
-    ].mean()
-    extra.columns = ["agree", "(a) ffn", "(c) params", "KL to dense"]
-    table = acc.join(extra)
-    return _markdown(table, sel, f"Main table (batch {batch_size}, target ρ = 0.5)")
+    return table.reset_index()
 
 
-def batch_table(runs: pd.DataFrame, defaults: dict[str, str]) -> str:
-    """Accuracy and agreement with dense vs batch size: the collapse of batch-shared masks."""
-    sel = _defaults_only(runs, defaults)
-    sel = sel[(sel["method"] == "dense") | (sel["target_sparsity"] == 0.5)]
-    table = sel.pivot_table(
-        index=["benchmark", "model", "method"],
-        columns="batch_size",
-        values=["accuracy", "agreement"],
-    )
-    return _markdown(table, sel, "Batch size (target ρ = 0.5)")
+def main_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int = 4) -> Table:
+    """Accuracy per benchmark and their mean, agreement, KL and realized sparsity, per method."""
+    sel = _at_target(_defaults_only(runs, defaults))
+    sel = sel[sel["batch_size"] == batch_size]
+    table = _wide(sel, ["model", "method"], "benchmark", {"accuracy": "acc"})
+    acc = [c for c in table.columns if c.startswith("acc ")]
+    table["acc mean (shown)"] = table[acc].mean(axis=1)
+    extra = sel.groupby(["model", "method"], as_index=False).agg(
+        n=("n", "min"), agree=("agreement", "mean"), KL=("kl", "mean"),
+        **{"(a) ffn": ("realized_ffn", "mean"), "(c) params": ("realized_params", "mean")},
+    )  # fmt: skip
+    if not table.empty:
+        table = table.merge(extra, on=["model", "method"])
+        table.insert(2, "n", table.pop("n"))
+    return Table(f"Main table (batch {batch_size}, target ρ = 0.5)", table, list(sel["run_key"]))
 
 
-def sparsity_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int = 4) -> str:
+def batch_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
+    """Accuracy, agreement and KL to dense vs batch size: the collapse of batch-shared masks."""
+    sel = _at_target(_defaults_only(runs, defaults))
+    values = {"accuracy": "acc", "agreement": "agree", "kl": "KL"}
+    table = _wide(sel, ["benchmark", "model", "method"], "batch_size", values)
+    return Table("Batch size (target ρ = 0.5)", table, list(sel["run_key"]))
+
+
+def sparsity_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int = 4) -> Table:
     """Accuracy and realized FFN sparsity (a) vs target sparsity."""
     sel = _defaults_only(runs, defaults)
     sel = sel[(sel["batch_size"] == batch_size) & (sel["method"] != "dense")]
-    table = sel.pivot_table(
-        index=["benchmark", "model", "method"], columns="target_sparsity",
-        values=["accuracy", "realized_ffn"],
-    )  # fmt: skip
-    return _markdown(table, sel, f"Target sparsity (batch {batch_size})")
+    values = {"accuracy": "acc", "realized_ffn": "(a)"}
+    table = _wide(sel, ["benchmark", "model", "method"], "target_sparsity", values)
+    return Table(f"Target sparsity (batch {batch_size})", table, list(sel["run_key"]))
 
 
-def ablation_table(runs: pd.DataFrame, argument: str) -> str:
-    """`ours` runs that differ in `argument` (memory, aggregate, select, t_init, ...)."""
-    sel = runs[runs["method"] == "ours"].copy()
-    sel[argument] = [json.loads(v).get(argument) for v in sel["variant"]]
-    table = sel.groupby(["benchmark", "model", "batch_size", "target_sparsity", argument])[
-        ["accuracy", "agreement", "realized_ffn", "realized_ffn_sparse_steps", "kl"]
-    ].mean()
-    return _markdown(table, sel, f"Ablation: {argument}")
+def ablation_table(runs: pd.DataFrame, defaults: dict[str, str], argument: str) -> Table:
+    """`ours` runs that differ from its defaults in `argument` only (memory, aggregate, ...)."""
+
+    def others(variant: str) -> dict:
+        return {k: v for k, v in json.loads(variant).items() if k != argument}
+
+    sel = runs[runs["method"] == "ours"]
+    if "ours" in defaults:
+        sel = sel[[others(v) == others(defaults["ours"]) for v in sel["variant"]]]
+    sel = sel.copy()
+    sel[argument] = [str(json.loads(v).get(argument)) for v in sel["variant"]]
+    columns = {"n": "n", "accuracy": "acc", "agreement": "agree", "kl": "KL",
+               "realized_ffn": "(a) ffn", "realized_ffn_sparse_steps": "(b) ffn"}  # fmt: skip
+    keys = ["benchmark", "model", "batch_size", "target_sparsity", argument]
+    table = sel.groupby(keys, as_index=False)[list(columns)].first().rename(columns=columns)
+    return Table(f"Ablation: {argument}", table, list(sel["run_key"]))
 
 
 ABLATIONS = ("memory", "aggregate", "select", "t_init", "t_explore", "t_prune")
 
 RUNS_COLUMNS = [
-    "benchmark", "model", "method", "batch_size", "n", "accuracy", "agreement", "target_sparsity",
-    "realized_ffn", "realized_ffn_sparse_steps", "realized_params", "kl", "decode_tokens_per_s",
-    "device",
+    "run_key", "n", "accuracy", "agreement", "kl", "target_sparsity", "realized_ffn",
+    "realized_ffn_sparse_steps", "realized_params", "decode_tokens_per_s", "device",
 ]  # fmt: skip
 
 
-def runs_table(runs: pd.DataFrame) -> str:
+def runs_table(runs: pd.DataFrame) -> Table:
     """Every recorded run, one line each, target vs realized sparsity side by side."""
     table = runs.sort_values(["benchmark", "model", "method", "batch_size", "target_sparsity"])
-    return _markdown(table.set_index("run_key")[RUNS_COLUMNS], table, "All runs")
+    return Table("All runs", table[RUNS_COLUMNS], list(table["run_key"]))
 
 
-def all_tables(runs: pd.DataFrame, defaults: dict[str, str]) -> dict[str, str]:
-    """File stem -> markdown, for `make tables`."""
+def speed_table(name: str, rows: list[dict]) -> Table:
+    """A `make bench` record (results/speed/<name>.json) as a table."""
+    note = (
+        f"Median [min, max] over repeats, methods alternated in one process (`make bench`; "
+        f"record: results/speed/{name}.json). Bounds: bwprune/speed.py."
+    )
+    frame = pd.DataFrame(table_cells(rows), columns=list(SPEED_COLUMNS))
+    return Table(f"Speed: {name}", frame, [], note)
+
+
+def all_tables(runs: pd.DataFrame, defaults: dict[str, str]) -> dict[str, Table]:
+    """File stem -> table, for `make tables`; all but `runs` use one run per cell."""
+    cells = largest_evaluations(runs)
     tables = {
         "runs": runs_table(runs),
-        "main": main_table(runs, defaults),
-        "batch_size": batch_table(runs, defaults),
-        "sparsity": sparsity_table(runs, defaults),
+        "main": main_table(cells, defaults),
+        "batch_size": batch_table(cells, defaults),
+        "sparsity": sparsity_table(cells, defaults),
     }
     for argument in ABLATIONS:
-        tables[f"ablation_{argument}"] = ablation_table(runs, argument)
+        tables[f"ablation_{argument}"] = ablation_table(cells, defaults, argument)
     return tables
+
+
+def write_tables(tables: dict[str, Table], out: Path) -> None:
+    """`<stem>.md` and `<stem>.tex` for every table."""
+    out.mkdir(parents=True, exist_ok=True)
+    for stem, table in tables.items():
+        (out / f"{stem}.md").write_text(table.markdown())
+        (out / f"{stem}.tex").write_text(table.latex())

@@ -1,31 +1,23 @@
 """Tables and figures build from a results tree of real (tiny-model) runs."""
 
+import pandas as pd
 import pytest
 
-from bwprune.experiment import run
 from bwprune.report.collect import load_runs
-from bwprune.report.tables import all_tables, default_variants
+from bwprune.report.tables import (
+    all_tables,
+    default_variants,
+    largest_evaluations,
+    speed_table,
+    write_tables,
+)
 from tests.conftest import CONF_DIR
+from tests.results_tree import build_results_tree
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    from tests.conftest import compose_cfg
-
-    root = tmp_path_factory.mktemp("results")
-    keys = []
-    for overrides in (
-        ["method=dense", "batch_size=1"],
-        ["method=dense", "batch_size=2"],
-        ["method=ours", "batch_size=2"],
-        ["method=ours", "batch_size=2", "method.memory=false"],
-        ["method=ours", "batch_size=1"],
-    ):
-        cfg = compose_cfg(
-            ["model=tiny_llama", "limit=2", "generation.max_new_tokens=24", *overrides], root
-        )
-        keys.append(run(cfg)["run_key"])
-    return root / "runs", keys
+    return build_results_tree(tmp_path_factory.mktemp("results"))
 
 
 def test_load_runs_pairs_methods_with_dense(results):
@@ -38,15 +30,37 @@ def test_load_runs_pairs_methods_with_dense(results):
     assert ours["agreement"].between(0, 1).all()
 
 
-def test_every_table_lists_its_runs(results):
+def test_every_table_lists_its_runs(results, tmp_path):
     runs_dir, keys = results
     runs = load_runs(runs_dir)
     tables = all_tables(runs, default_variants(CONF_DIR, ["dense", "ours"]))
-    assert all(k in tables["runs"] for k in keys)
-    memory = tables["ablation_memory"]
+    assert all(k in tables["runs"].markdown() for k in keys)
+    memory = tables["ablation_memory"].markdown()
     assert "False" in memory and "True" in memory
     default, ablation = keys[2], keys[3]
-    assert default in tables["batch_size"] and ablation not in tables["batch_size"]
+    batch = tables["batch_size"]
+    assert default in batch.run_keys and ablation not in batch.run_keys
+    assert {"acc B=1", "acc B=2", "agree B=2"} <= set(batch.frame.columns)
+    write_tables(tables, tmp_path)
+    for stem, table in tables.items():
+        tex = (tmp_path / f"{stem}.tex").read_text()
+        assert "\\begin{tabular}" in tex and all(f"% {k}" in tex for k in table.run_keys)
+        assert (tmp_path / f"{stem}.md").read_text() == table.markdown()
+
+
+def test_a_cell_uses_the_run_with_the_most_problems(results):
+    runs = load_runs(results[0])
+    smaller = runs.iloc[[0]].assign(run_key="small", n=1, finished_at="9999")  # newer, but smaller
+    cells = largest_evaluations(pd.concat([smaller, runs], ignore_index=True))
+    assert "small" not in set(cells["run_key"]) and len(cells) == len(runs)
+
+
+def test_speed_record_becomes_a_table():
+    row = {"batch_size": 1, "method": "dense", "e2e_s": {"min": 1, "median": 2, "max": 3},
+           "speedup_e2e": {"min": 1, "median": 1, "max": 1}}  # fmt: skip
+    table = speed_table("cpu", [row])
+    assert "2.00 [1.00, 3.00]" in table.markdown() and "make bench" in table.markdown()
+    assert "2.00 [1.00, 3.00]" in table.latex()
 
 
 def test_figures_build(results):
