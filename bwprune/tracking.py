@@ -1,18 +1,27 @@
 """Experiment trackers: W&B as a mirror of the local records, or nothing.
 
-The local run folder is the source of truth; a tracker only mirrors it. A tracker failure is
-logged and never stops a run, and `finish` is always called (multirun jobs share one process).
+The local run folder is the source of truth; a tracker only mirrors it, and W&B keeps a copy of
+the folder's files so `report.source=wandb` can rebuild it (bwprune/report/wandb_source.py). A
+tracker failure is logged and never stops a run, and `finish` is always called (multirun jobs
+share one process).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
+
+# The run folder's files a W&B run carries, under RUN_FILES_DIR/ in its files: W&B writes its own
+# config.yaml at the top level, which would clobber ours.
+RUN_FILES = ("config.yaml", "run.json", "samples.jsonl", "timing.jsonl")
+RUN_FILES_DIR = "bwprune"
 
 
 class NullTracker:
@@ -26,10 +35,12 @@ class NullTracker:
 
 
 class WandbTracker:
-    """`logger=wandb`: config, metrics (acc/, sparsity/, speed/ sections) and a samples table."""
+    """`logger=wandb`: config, metrics (acc/, sparsity/, speed/ sections), a samples table and
+    a copy of the run folder's files."""
 
     def __init__(self, cfg: DictConfig, run_key: str, method: str) -> None:
         self.run: Any = None
+        self.run_dir = Path(cfg.paths.runs_dir) / run_key  # RunRecorder's folder for this run
         mode = cfg.logger.mode
         if mode == "auto":
             mode = "online" if os.environ.get("WANDB_API_KEY") or _logged_in() else "offline"
@@ -59,6 +70,7 @@ class WandbTracker:
             import wandb
 
             self.run.summary.update(summary_metrics(record))
+            self._save_run_files()
             if not samples:
                 return
             columns = ["index", "prediction", "gold", "correct", "new_tokens", "completion"]
@@ -68,6 +80,20 @@ class WandbTracker:
             self.run.log({"samples": table})
         except Exception as e:
             log.warning("wandb logging failed (%s); local records are complete", e)
+
+    def _save_run_files(self) -> None:
+        """Upload the run folder's files now, as copies in W&B's files folder: a copy (not W&B's
+        default symlink) keeps W&B from ever writing into the run folder, and lets `wandb sync`
+        upload an offline run even after the results folder has moved."""
+        files_dir = Path(self.run.dir)
+        for name in RUN_FILES:
+            src = self.run_dir / name
+            if not src.exists():  # a perplexity run has no samples.jsonl or timing.jsonl
+                continue
+            dst = files_dir / RUN_FILES_DIR / name
+            dst.parent.mkdir(exist_ok=True)
+            shutil.copyfile(src, dst)
+            self.run.save(str(dst), base_path=str(files_dir), policy="now", glob=False)
 
     def finish(self) -> None:
         if self.run is not None:

@@ -1,31 +1,36 @@
-"""`make tables`: every table from the recorded runs -> results/tables/*.md (and speed tables)."""
+"""`make tables`: every table from the recorded runs -> results/tables/*.md and *.tex."""
 
-import shutil
+import json
 import sys
 from pathlib import Path
 
-from bwprune.config import compose_config
+from bwprune.errors import UserError
 from bwprune.report.collect import load_runs
-from bwprune.report.tables import all_tables, default_variants
+from bwprune.report.tables import all_tables, default_variants, speed_table, write_tables
+from bwprune.report.wandb_source import report_config, runs_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(overrides: list[str]) -> None:
-    paths = compose_config(ROOT / "conf", overrides).paths
-    runs = load_runs(paths.runs_dir)
-    out = Path(paths.results_dir) / "tables"
-    out.mkdir(parents=True, exist_ok=True)
+    cfg = report_config(ROOT / "conf", overrides)
+    try:
+        source = runs_dir(cfg)
+    except UserError as e:
+        sys.exit(f"error: {e}")
+    runs = load_runs(source)
+    results = Path(cfg.paths.results_dir)
+    tables = {}
     if runs.empty:
-        print(f"no runs yet under {paths.runs_dir}")
+        print(f"no runs yet under {source}")
     else:
-        defaults = default_variants(ROOT / "conf", sorted(runs["method"].unique()))
-        for name, text in all_tables(runs, defaults).items():
-            (out / f"{name}.md").write_text(text)
-        print(f"wrote {len(all_tables(runs, defaults))} tables from {len(runs)} runs to {out}")
-    for speed in sorted((Path(paths.results_dir) / "speed").glob("*.md")):
-        shutil.copy(speed, out / f"speed_{speed.name}")
-        print(f"speed table: {out / f'speed_{speed.name}'}")
+        tables = all_tables(runs, default_variants(ROOT / "conf", sorted(runs["method"].unique())))
+    for speed in sorted((results / "speed").glob("*.json")):
+        tables[f"speed_{speed.stem}"] = speed_table(
+            speed.stem, json.loads(speed.read_text())["rows"]
+        )
+    write_tables(tables, results / "tables")
+    print(f"wrote {len(tables)} tables (.md, .tex) from {len(runs)} runs to {results / 'tables'}")
 
 
 if __name__ == "__main__":
