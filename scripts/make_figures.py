@@ -1,32 +1,47 @@
-"""`make figures`: every figure from the recorded runs and speed records -> results/figures/."""
+"""`make figures`: every figure from run records, speed records and traces -> results/figures/."""
 
 import json
 import sys
 from pathlib import Path
 
-from bwprune.config import compose_config
+from bwprune.errors import UserError
 from bwprune.report import figures
 from bwprune.report.collect import load_runs
+from bwprune.report.tables import default_cells, default_variants
+from bwprune.report.wandb_source import report_config, runs_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(overrides: list[str]) -> None:
-    paths = compose_config(ROOT / "conf", overrides).paths
-    out = Path(paths.results_dir) / "figures"
+    cfg = report_config(ROOT / "conf", overrides)
+    try:
+        source = runs_dir(cfg)
+    except UserError as e:
+        sys.exit(f"error: {e}")
+    results = Path(cfg.paths.results_dir)
+    out = results / "figures"
     out.mkdir(parents=True, exist_ok=True)
     made = {}
-    runs = load_runs(paths.runs_dir)
+    runs = load_runs(source)
     if not runs.empty:
-        made["collapse_agreement"] = figures.collapse(runs, "agreement")
-        made["collapse_accuracy"] = figures.collapse(runs, "accuracy")
-        made["accuracy_vs_realized_sparsity"] = figures.accuracy_vs_realized_sparsity(runs)
-        made["drift"] = figures.drift(runs)
-    for speed in sorted((Path(paths.results_dir) / "speed").glob("*.json")):
-        rows = json.loads(speed.read_text())["rows"]
-        made[f"speedup_{speed.stem}"] = figures.speedup_vs_batch(rows)
+        cells = default_cells(
+            runs, default_variants(ROOT / "conf", sorted(runs["method"].unique()))
+        )
+        made["collapse_agreement"] = figures.collapse(cells, "agreement")
+        made["collapse_kl"] = figures.collapse(cells, "kl")
+        made["collapse_accuracy"] = figures.collapse(cells, "accuracy")
+        made["accuracy_vs_realized_sparsity"] = figures.accuracy_vs_realized_sparsity(cells)
+        made["drift"] = figures.drift(cells)
+    for speed in sorted((results / "speed").glob("*.json")):
+        made[f"speedup_{speed.stem}"] = figures.speedup_vs_batch(
+            json.loads(speed.read_text())["rows"]
+        )
+    for path in sorted((results / "traces").glob("*.json")):
+        trace = json.loads(path.read_text())
+        made[path.stem] = figures.TRACE_FIGURES[trace["kind"]](trace)
     if not made:
-        print(f"no runs yet under {paths.runs_dir}")
+        print(f"no runs, speed records or traces yet under {results}")
     for name, fig in made.items():
         fig.savefig(out / f"{name}.png", dpi=120)
         print(f"wrote {out / name}.png")

@@ -19,13 +19,18 @@ def _methods(frame: pd.DataFrame) -> list[str]:
 
 def _panels(frame: pd.DataFrame, width: float = 4.5) -> tuple[Figure, list, list[str]]:
     benchmarks = sorted(frame["benchmark"].unique())
-    fig = Figure(figsize=(width * len(benchmarks), 3.6), layout="constrained")
-    return fig, list(fig.subplots(1, len(benchmarks), squeeze=False)[0]), benchmarks
+    fig = Figure(figsize=(width * max(1, len(benchmarks)), 3.6), layout="constrained")
+    return fig, list(fig.subplots(1, max(1, len(benchmarks)), squeeze=False)[0]), benchmarks
 
 
 def metric_vs(runs: pd.DataFrame, x: str, y: str, xlabel: str, ylabel: str) -> Figure:
-    """`y` against `x`, one line per method, one panel per benchmark (mean over repeats)."""
+    """`y` against `x`, one line per method, one panel per benchmark that has `y` (mean over
+    repeats); runs without `y` (perplexity runs for accuracy, runs without quality for KL) are
+    left out, and an empty panel says so."""
+    runs = runs[runs[y].notna()]
     fig, axes, benchmarks = _panels(runs)
+    if not benchmarks:
+        axes[0].text(0.5, 0.5, f"no runs with {y}", ha="center", va="center")
     for ax, bench in zip(axes, benchmarks):
         sub = runs[runs["benchmark"] == bench]
         for method in _methods(sub):
@@ -85,3 +90,53 @@ def speedup_vs_batch(speed_rows: list[dict]) -> Figure:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return fig
+
+
+def sparsity_over_steps(trace: dict) -> Figure:
+    """Realized FFN sparsity of every decode step, one line per method (a `make traces` record).
+
+    A scheduled top-k method shows its dense exploration steps and then exactly ρ; a threshold
+    method wanders with the batch's activations.
+    """
+    fig = Figure(figsize=(7.0, 3.6), layout="constrained")
+    ax = fig.subplots()
+    for method in _methods(pd.DataFrame({"method": list(trace["per_step"])})):
+        ax.plot(trace["per_step"][method], lw=1.2, label=method)
+    ax.axhline(trace["target_sparsity"], color="k", ls=":", lw=1, label="target ρ")
+    ax.set(
+        title=f"{trace['model']} on {trace['benchmark']}, batch {trace['batch_size']}",
+        xlabel="decode step", ylabel="realized FFN sparsity", ylim=(-0.02, 1.0),
+    )  # fmt: skip
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=3)
+    return fig
+
+
+def refiring(trace: dict) -> Figure:
+    """One layer's most active neurons over decode steps: they fall silent and fire again.
+
+    Heat map of |act(gate)·up| (rows: neurons, most active on top), with the steps at which each
+    neuron is in the layer's top `fire_fraction` marked; the title carries period and rate.
+    """
+    import numpy as np
+
+    magnitudes = np.asarray(trace["magnitudes"])
+    fig = Figure(figsize=(9.0, 4.2), layout="constrained")
+    ax = fig.subplots()
+    image = ax.imshow(magnitudes, aspect="auto", cmap="viridis", interpolation="nearest")
+    rows = [(i, s) for i, steps in enumerate(trace["fires"]) for s in steps]
+    if rows:
+        ys, xs = zip(*rows)
+        ax.scatter(xs, ys, s=2, c="white", marker="s", lw=0, label="fires")
+        ax.legend(loc="upper right", fontsize=7, markerscale=3)
+    period = "–" if trace["period"] is None else f"{trace['period']:g}"
+    ax.set(
+        title=f"{trace['model']}, layer {trace['layer']}: re-fire period {period} tokens "
+        f"(median), rate {trace['rate']:.0%} of the top {trace['top_neurons']} neurons",
+        xlabel="decode step", ylabel="neuron (by mean magnitude)",
+    )  # fmt: skip
+    fig.colorbar(image, ax=ax, label="|act(gate) · up|")
+    return fig
+
+
+TRACE_FIGURES = {"sparsity_steps": sparsity_over_steps, "refire": refiring}
