@@ -100,9 +100,9 @@ def sparsity_over_steps(trace: dict) -> Figure:
     """
     fig = Figure(figsize=(7.0, 3.6), layout="constrained")
     ax = fig.subplots()
+    ax.axhline(trace["target_sparsity"], color="0.6", ls=":", lw=1, label="target ρ")
     for method in _methods(pd.DataFrame({"method": list(trace["per_step"])})):
         ax.plot(trace["per_step"][method], lw=1.2, label=method)
-    ax.axhline(trace["target_sparsity"], color="k", ls=":", lw=1, label="target ρ")
     ax.set(
         title=f"{trace['model']} on {trace['benchmark']}, batch {trace['batch_size']}",
         xlabel="decode step", ylabel="realized FFN sparsity", ylim=(-0.02, 1.0),
@@ -115,20 +115,16 @@ def sparsity_over_steps(trace: dict) -> Figure:
 def refiring(trace: dict) -> Figure:
     """One layer's most active neurons over decode steps: they fall silent and fire again.
 
-    Heat map of |act(gate)·up| (rows: neurons, most active on top), with the steps at which each
-    neuron is in the layer's top `fire_fraction` marked; the title carries period and rate.
+    Heat map of |act(gate)·up| (rows: neurons, most active on top; colour capped at the 99th
+    percentile so quiet stretches stay visible); the title carries re-fire period and rate.
     """
     import numpy as np
 
     magnitudes = np.asarray(trace["magnitudes"])
     fig = Figure(figsize=(9.0, 4.2), layout="constrained")
     ax = fig.subplots()
-    image = ax.imshow(magnitudes, aspect="auto", cmap="viridis", interpolation="nearest")
-    rows = [(i, s) for i, steps in enumerate(trace["fires"]) for s in steps]
-    if rows:
-        ys, xs = zip(*rows)
-        ax.scatter(xs, ys, s=2, c="white", marker="s", lw=0, label="fires")
-        ax.legend(loc="upper right", fontsize=7, markerscale=3)
+    image = ax.imshow(magnitudes, aspect="auto", cmap="magma", interpolation="nearest",
+                      vmax=float(np.quantile(magnitudes, 0.99)))  # fmt: skip
     period = "–" if trace["period"] is None else f"{trace['period']:g}"
     ax.set(
         title=f"{trace['model']}, layer {trace['layer']}: re-fire period {period} tokens "
