@@ -155,6 +155,11 @@ class RunRecorder:
         _append_jsonl(self.samples_path, samples)
         _append_jsonl(self.timing_path, [timing])
 
+    def write(self, samples: list[dict], timings: list[dict]) -> None:
+        """Both files at once, for records assembled from others (merged shards)."""
+        for path, rows in ((self.samples_path, samples), (self.timing_path, timings)):
+            path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
     def finish(self, metrics: dict, prov: dict, extra: dict | None = None) -> dict:
         record = {
             "run_key": self.key,

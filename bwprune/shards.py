@@ -13,12 +13,14 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from collections.abc import Sequence
 from typing import TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
 from bwprune.records import RunRecorder, run_key, summarize, target_sparsity
+from bwprune.tracking import make_tracker
 
 log = logging.getLogger(__name__)
 Item = TypeVar("Item")
@@ -33,6 +35,7 @@ def shard_batches(
 
 
 def with_shard(cfg: DictConfig, shard: int, num_shards: int) -> DictConfig:
+    """`cfg` as shard `shard` of `num_shards` would have it (0 of 1: the unsharded run)."""
     out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
     out.shard, out.num_shards = shard, num_shards
     return out
@@ -43,7 +46,7 @@ def merge_shards(cfg: DictConfig) -> dict | None:
 
     Returns the merged `run.json` record, or None while a shard is still missing. The merged
     folder is built aside and renamed into place, so two shards finishing together cannot
-    interleave their writes.
+    interleave their writes; the merged run is mirrored to the tracker like any run.
     """
     runs_dir = cfg.paths.runs_dir
     shards = [RunRecorder(runs_dir, run_key(with_shard(cfg, i, cfg.num_shards)))
@@ -58,31 +61,41 @@ def merge_shards(cfg: DictConfig) -> dict | None:
     final = RunRecorder(runs_dir, key)
     if final.is_complete():
         return _read_record(final)
-    staging = os.path.join(runs_dir, f".merging-{os.getpid()}")
+    # Built aside (a unique folder, also across hosts sharing the file system), then renamed.
+    staging = tempfile.mkdtemp(prefix=".merging-", dir=runs_dir)
     merged = RunRecorder(staging, key)
     merged.start(whole)
-    samples = {RunRecorder.row_key(s): s for r in shards for s in r.samples()}
+    samples = sorted((s for r in shards for s in r.samples()), key=RunRecorder.row_key)
     timings = sorted((t for r in shards for t in r.timings()),
                      key=lambda t: (t["samples"][0], t["indices"][0]))  # fmt: skip
-    for t in timings:  # the unsharded run's batch order and per-batch file layout
-        merged.append([samples[k] for k in zip(t["indices"], t["samples"])], t)
-    first = _read_record(shards[0])
-    ordered = sorted(samples.values(), key=RunRecorder.row_key)
+    merged.write(samples, timings)
+    records = [_read_record(r) for r in shards]
     record = merged.finish(
-        summarize(ordered, timings, target_sparsity(whole)),
-        first["provenance"],
+        summarize(samples, timings, target_sparsity(whole)),
+        records[0]["provenance"],
         extra={
-            **{k: first[k] for k in ("benchmark", "model", "method")},
+            **{k: records[0][k] for k in ("benchmark", "model", "method")},
             "merged_from": [r.key for r in shards],
+            "shard_provenance": [r["provenance"] for r in records],
         },
     )
     final.dir.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.rename(merged.dir, final.dir)
-    except OSError:  # another shard's merge got there first: its folder is the same run
-        log.info("merged run already written by another job: %s", final.dir)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if final.is_complete():  # another shard's merge got there first: the same run
+            return _read_record(final)
+        log.warning("not merged: %s exists and is not a complete run; remove it, or finish it "
+                    "with the unsharded config", final.dir)  # fmt: skip
+        return None
     shutil.rmtree(staging, ignore_errors=True)
     log.info("merged %d shards into %s", len(shards), final.dir)
+    tracker = make_tracker(whole, key, record["method"])
+    try:
+        tracker.log_run(record, samples)
+    finally:
+        tracker.finish()
     return record
 
 

@@ -24,6 +24,7 @@ import torch
 from omegaconf import DictConfig
 
 from bwprune.config import compose_config
+from bwprune.errors import UserError
 from bwprune.experiment import build
 from bwprune.generation.prompts import render_prompt
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
@@ -85,6 +86,8 @@ def activation_trace(
     with HookSet() as hooks, runner.method.attach(runner.model, adapter):
         hooks.forward_pre(ffn.down, keep)
         runner.generate([prompt])
+    if not rows:
+        raise UserError("the generation stopped after its first token: no decode step to trace")
     return torch.stack(rows)
 
 
@@ -174,7 +177,7 @@ def sparsity_steps_record(cfg: DictConfig, examples: list, config) -> dict:
         runner, p = _traced_runner(mcfg, s.new_tokens, ignore_eos=True)
         prompts = [render_prompt(p.tokenizer, mcfg.model, e.question) for e in batch]
         per_method[method] = [round(v, 5) for v in sparsity_trace(runner, p.adapter, prompts)]
-        mean = sum(per_method[method]) / len(per_method[method])
+        mean = sum(per_method[method]) / max(1, len(per_method[method]))
         log.info("%s: mean FFN sparsity over decode steps %.3f", method, mean)
     return {
         "kind": "sparsity_steps", "model": cfg.model.name, "benchmark": cfg.benchmark.name,

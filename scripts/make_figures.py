@@ -39,7 +39,10 @@ def main(overrides: list[str]) -> None:
         )
     for path in sorted((results / "traces").glob("*.json")):
         trace = json.loads(path.read_text())
-        made[path.stem] = figures.TRACE_FIGURES[trace["kind"]](trace)
+        if trace.get("kind") in figures.TRACE_FIGURES:
+            made[path.stem] = figures.TRACE_FIGURES[trace["kind"]](trace)
+        else:
+            print(f"skipped {path}: not a `make traces` record")
     if not made:
         print(f"no runs, speed records or traces yet under {results}")
     for name, fig in made.items():

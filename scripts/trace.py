@@ -11,11 +11,16 @@ import logging
 import sys
 from pathlib import Path
 
+from bwprune.errors import UserError
 from bwprune.traces import record_traces
 
 ROOT = Path(__file__).resolve().parent.parent
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    for path in record_traces(ROOT / "conf", sys.argv[1:]):
+    try:
+        written = record_traces(ROOT / "conf", sys.argv[1:])
+    except UserError as e:
+        sys.exit(f"error: {e}")
+    for path in written:
         print(f"wrote {path}")

@@ -59,6 +59,7 @@ def load_runs(runs_dir: str | Path) -> pd.DataFrame:
                 "seed": cfg["seed"],
                 "limit": cfg.get("limit"),
                 "n": m.get("n"),
+                "problems": m.get("problems", m.get("n")),
                 "accuracy": m.get("accuracy"),
                 "unscorable": m.get("unscorable"),
                 "target_sparsity": m["target_sparsity"],
@@ -77,7 +78,8 @@ def load_runs(runs_dir: str | Path) -> pd.DataFrame:
         )
     runs = pd.DataFrame(rows)
     if not runs.empty:
-        runs["n"] = runs["n"].astype("Int64")  # counts stay integers next to perplexity runs' None
+        for count in ("n", "problems"):  # counts stay integers next to perplexity runs' None
+            runs[count] = runs[count].astype("Int64")
         runs["agreement"] = _agreement(runs, predictions)
     return runs
 

@@ -33,18 +33,24 @@ def metric_vs(runs: pd.DataFrame, x: str, y: str, xlabel: str, ylabel: str) -> F
         axes[0].text(0.5, 0.5, f"no runs with {y}", ha="center", va="center")
     for ax, bench in zip(axes, benchmarks):
         sub = runs[runs["benchmark"] == bench]
-        for method in _methods(sub):
-            line = sub[sub["method"] == method].groupby(x)[y].mean().sort_index()
-            ax.plot(line.index, line.values, "o-", label=method)
+        models = sorted(sub["model"].unique())
+        for model, style in zip(models, ("o-", "s--", "^:", "d-.")):
+            for method in _methods(sub):
+                one = sub[(sub["method"] == method) & (sub["model"] == model)]
+                line = one.groupby(x)[y].mean().sort_index()
+                label = method if len(models) == 1 else f"{model} {method}"
+                ax.plot(line.index, line.values, style, label=label)
         ax.set(title=bench, xlabel=xlabel, ylabel=ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     return fig
 
 
-def collapse(runs: pd.DataFrame, y: str = "agreement") -> Figure:
-    """Accuracy or agreement with dense vs batch size: batch-shared masks collapse as B grows."""
-    return metric_vs(runs, "batch_size", y, "batch size", y)
+def collapse(runs: pd.DataFrame, y: str = "agreement", rho: float = 0.5) -> Figure:
+    """Agreement with dense, KL or accuracy vs batch size at target ρ (dense included): what
+    batch-shared masks lose as B grows."""
+    at_rho = runs[(runs["method"] == "dense") | (runs["target_sparsity"] == rho)]
+    return metric_vs(at_rho, "batch_size", y, "batch size", f"{y} (target ρ = {rho:g})")
 
 
 def accuracy_vs_realized_sparsity(runs: pd.DataFrame) -> Figure:
@@ -55,8 +61,8 @@ def accuracy_vs_realized_sparsity(runs: pd.DataFrame) -> Figure:
 def drift(runs: pd.DataFrame) -> Figure:
     """Realized vs target sparsity, one panel per batch size: thresholds drift, top-k does not."""
     sizes = sorted(runs["batch_size"].unique())
-    fig = Figure(figsize=(4.0 * len(sizes), 3.6), layout="constrained")
-    axes = fig.subplots(1, len(sizes), squeeze=False)[0]
+    fig = Figure(figsize=(4.0 * max(1, len(sizes)), 3.6), layout="constrained")
+    axes = fig.subplots(1, max(1, len(sizes)), squeeze=False)[0]
     for ax, size in zip(axes, sizes):
         sub = runs[(runs["batch_size"] == size) & (runs["method"] != "dense")]
         for method in _methods(sub):

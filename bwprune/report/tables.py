@@ -1,10 +1,12 @@
 """The paper's tables, built from `load_runs` output; each is written as markdown and LaTeX.
 
 Main, batch-size and sparsity tables use each method's default variant (its yaml defaults); the
-ablation tables vary one argument of `ours`. Every cell comes from one run: where a configuration
-was run on several evaluation sizes (`limit`, `subset`), the run with the most problems is used
-(`largest_evaluations`). Realized sparsity follows bwprune/methods/ledger.py (decode steps only):
-(a) FFN neurons over all decode steps, (c) all parameters skipped per token.
+ablation tables vary one argument of `ours`; all but the runs table are about generation
+benchmarks (perplexity runs have their own numbers). Runs that differ only in how many problems
+they saw (`limit`, `subset`) or in generation settings compete for one cell, and the one with the
+most problems is used (`largest_evaluations`); seeds are averaged. Every table lists its runs.
+Realized sparsity follows bwprune/methods/ledger.py (decode steps only): (a) FFN neurons over all
+decode steps, (c) all parameters skipped per token.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from bwprune.report.collect import method_variant
 from bwprune.speed import SPEED_COLUMNS, table_cells
 
 FOOTNOTE = (
-    "n = problems; acc = accuracy (pass@1); agree = answers equal to the matching dense run's; "
+    "n = problems; values are means over seeds; acc = accuracy (pass@1); "
+    "agree = answers equal to the matching dense run's; "
     "KL = token-level KL(dense ‖ method) on the dense model's continuation, teacher-forced; "
     "(a) realized FFN sparsity over decode steps; (b) on pruned steps only; "
     "(c) fraction of all parameters skipped per decode token."
@@ -49,15 +52,26 @@ class Table:
         return f"## {self.title}\n\n{body}\n\n{self.note}{used}\n"
 
     def latex(self) -> str:
-        """A `table` environment for a paper; the runs are listed in a comment above it."""
+        """A `table` environment for a paper; the note and the runs are comments above it."""
         keys = "".join(f"% {k}\n" for k in sorted(self.run_keys))
         frame = self.frame if not self.frame.empty else pd.DataFrame({"": ["(no matching runs)"]})
         body = frame.to_latex(index=False, float_format="%.3f", na_rep="--", escape=True)
-        caption = self.title.replace("ρ", "$\\rho$")
         return (
-            f"% {self.title}: built by `make tables` from results/runs. Runs used:\n{keys}"
-            f"\\begin{{table}}[t]\n\\centering\n\\caption{{{caption}}}\n{body}\\end{{table}}\n"
+            f"% {self.title}: built by `make tables` from the run records.\n% {self.note}\n"
+            f"% Runs used:\n{keys}\\begin{{table}}[t]\n\\centering\n"
+            f"\\caption{{{_tex(self.title)}}}\n{_math(body)}\\end{{table}}\n"
         )
+
+
+def _tex(text: str) -> str:
+    """Plain text (a caption) made safe for LaTeX."""
+    for char in "\\&%$#_{}":
+        text = text.replace(char, "\\" + char)
+    return _math(text)
+
+
+def _math(text: str) -> str:
+    return text.replace("ρ", "$\\rho$").replace("‖", "$\\|$")
 
 
 def default_variants(conf_dir: str | Path, methods: list[str]) -> dict[str, str]:
@@ -75,13 +89,14 @@ def default_variants(conf_dir: str | Path, methods: list[str]) -> dict[str, str]
 
 def largest_evaluations(runs: pd.DataFrame) -> pd.DataFrame:
     """One run per table cell: the one with the most problems (then the latest)."""
-    ordered = runs.sort_values(["n", "finished_at"], ascending=False, kind="stable")
+    ordered = runs.sort_values(["problems", "finished_at"], ascending=False, kind="stable")
     return ordered.drop_duplicates(list(CELL)).sort_index()
 
 
 def default_cells(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
-    """What the main figures draw: each method's default variant, one run per cell."""
-    return _defaults_only(largest_evaluations(runs), defaults)
+    """What the main figures draw: generation runs of each method's default variant, one run
+    per cell."""
+    return _defaults_only(largest_evaluations(runs[runs["perplexity"].isna()]), defaults)
 
 
 def _defaults_only(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
@@ -96,7 +111,7 @@ def _wide(
     runs: pd.DataFrame, index: list[str], column: str, values: dict[str, str]
 ) -> pd.DataFrame:
     """`values` (run column -> label) spread over `column`, flat headers such as `acc B=4`."""
-    table = runs.pivot_table(index=index, columns=column, values=list(values), aggfunc="first")
+    table = runs.pivot_table(index=index, columns=column, values=list(values), aggfunc="mean")
     short = {"batch_size": "B", "target_sparsity": "ρ", "benchmark": ""}[column]
     table.columns = [
         f"{values[v]} {short}={c:g}" if short else f"{values[v]} {c}" for v, c in table.columns
@@ -110,9 +125,9 @@ def main_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int = 4
     sel = sel[sel["batch_size"] == batch_size]
     table = _wide(sel, ["model", "method"], "benchmark", {"accuracy": "acc"})
     acc = [c for c in table.columns if c.startswith("acc ")]
-    table["acc mean (shown)"] = table[acc].mean(axis=1)
+    table["acc mean (shown)"] = table[acc].mean(axis=1, skipna=False)  # only over complete rows
     extra = sel.groupby(["model", "method"], as_index=False).agg(
-        n=("n", "min"), agree=("agreement", "mean"), KL=("kl", "mean"),
+        n=("problems", "min"), agree=("agreement", "mean"), KL=("kl", "mean"),
         **{"(a) ffn": ("realized_ffn", "mean"), "(c) params": ("realized_params", "mean")},
     )  # fmt: skip
     if not table.empty:
@@ -149,10 +164,10 @@ def ablation_table(runs: pd.DataFrame, defaults: dict[str, str], argument: str) 
         sel = sel[[others(v) == others(defaults["ours"]) for v in sel["variant"]]]
     sel = sel.copy()
     sel[argument] = [str(json.loads(v).get(argument)) for v in sel["variant"]]
-    columns = {"n": "n", "accuracy": "acc", "agreement": "agree", "kl": "KL",
+    columns = {"problems": "n", "accuracy": "acc", "agreement": "agree", "kl": "KL",
                "realized_ffn": "(a) ffn", "realized_ffn_sparse_steps": "(b) ffn"}  # fmt: skip
     keys = ["benchmark", "model", "batch_size", "target_sparsity", argument]
-    table = sel.groupby(keys, as_index=False)[list(columns)].first().rename(columns=columns)
+    table = sel.groupby(keys, as_index=False)[list(columns)].mean().rename(columns=columns)
     return Table(f"Ablation: {argument}", table, list(sel["run_key"]))
 
 
@@ -182,7 +197,7 @@ def speed_table(name: str, rows: list[dict]) -> Table:
 
 def all_tables(runs: pd.DataFrame, defaults: dict[str, str]) -> dict[str, Table]:
     """File stem -> table, for `make tables`; all but `runs` use one run per cell."""
-    cells = largest_evaluations(runs)
+    cells = largest_evaluations(runs[runs["perplexity"].isna()])
     tables = {
         "runs": runs_table(runs),
         "main": main_table(cells, defaults),

@@ -71,7 +71,7 @@ def download_runs(api: Any, project: str, group: str | None, dest: Path) -> list
     kept: list[str] = []
     skipped: list[str] = []
     for run in api.runs(project, filters=filters, order="-created_at"):
-        if run.name in kept:
+        if run.name in kept or run.name in skipped:  # an older run of a name already seen
             continue
         files = {f.name: f for f in run.files(names=wanted)}
         if not (_is_relative(run.name) and all(f in files for f in REQUIRED)):
@@ -79,7 +79,11 @@ def download_runs(api: Any, project: str, group: str | None, dest: Path) -> list
             continue
         _mirror(files, dest / run.name)
         kept.append(run.name)
-    _drop_stale(dest, set(kept))
+    if kept:
+        _drop_stale(dest, set(kept))
+    else:  # a wrong project or entity must not empty the cache
+        log.warning("W&B lists no finished run with its run folder in %s (filters %s)", project,
+                    filters)  # fmt: skip
     if skipped:
         log.warning(
             "skipped %d W&B run(s) that carry no run folder (%s; runs logged before the tracker "

@@ -25,7 +25,9 @@ def _ids(paths):
 
 
 def test_notebooks_exist():
-    assert {"collapse.ipynb", "sparsity.ipynb", "speed.ipynb"} <= set(_ids(NOTEBOOKS))
+    assert {"collapse.ipynb", "sparsity.ipynb", "speed.ipynb", "dynamics.ipynb"} <= set(
+        _ids(NOTEBOOKS)
+    )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))

@@ -46,11 +46,12 @@ def test_every_table_lists_its_runs(results, tmp_path):
         tex = (tmp_path / f"{stem}.tex").read_text()
         assert "\\begin{tabular}" in tex and all(f"% {k}" in tex for k in table.run_keys)
         assert (tmp_path / f"{stem}.md").read_text() == table.markdown()
+    assert "\\caption{Ablation: t\\_init}" in tables["ablation_t_init"].latex()
 
 
 def test_a_cell_uses_the_run_with_the_most_problems(results):
     runs = load_runs(results[0])
-    smaller = runs.iloc[[0]].assign(run_key="small", n=1, finished_at="9999")  # newer, but smaller
+    smaller = runs.iloc[[0]].assign(run_key="small", n=1, problems=1, finished_at="9999")  # newer
     cells = largest_evaluations(pd.concat([smaller, runs], ignore_index=True))
     assert "small" not in set(cells["run_key"]) and len(cells) == len(runs)
 
