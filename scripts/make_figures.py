@@ -7,7 +7,7 @@ from pathlib import Path
 from bwprune.errors import UserError
 from bwprune.report import figures
 from bwprune.report.collect import load_runs
-from bwprune.report.tables import default_cells, default_variants
+from bwprune.report.tables import default_cells, default_runs, default_variants
 from bwprune.report.wandb_source import report_config, runs_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,12 +25,10 @@ def main(overrides: list[str]) -> None:
     made = {}
     runs = load_runs(source)
     if not runs.empty:
-        cells = default_cells(
-            runs, default_variants(ROOT / "conf", sorted(runs["method"].unique()))
-        )
-        made["collapse_agreement"] = figures.collapse(cells, "agreement")
-        made["collapse_kl"] = figures.collapse(cells, "kl")
-        made["collapse_accuracy"] = figures.collapse(cells, "accuracy")
+        defaults = default_variants(ROOT / "conf", sorted(runs["method"].unique()))
+        cells, every_size = default_cells(runs, defaults), default_runs(runs, defaults)
+        for y in ("agreement", "kl", "accuracy"):  # one line per evaluation size
+            made[f"collapse_{y}"] = figures.collapse(every_size, y)
         made["accuracy_vs_realized_sparsity"] = figures.accuracy_vs_realized_sparsity(cells)
         made["drift"] = figures.drift(cells)
     for speed in sorted((results / "speed").glob("*.json")):

@@ -25,21 +25,26 @@ def _panels(frame: pd.DataFrame, width: float = 4.5) -> tuple[Figure, list, list
 
 def metric_vs(runs: pd.DataFrame, x: str, y: str, xlabel: str, ylabel: str) -> Figure:
     """`y` against `x`, one line per method, one panel per benchmark that has `y` (mean over
-    repeats); runs without `y` (perplexity runs for accuracy, runs without quality for KL) are
-    left out, and an empty panel says so."""
+    seeds). Each model and evaluation size (problems) gets its own line style, so a line never
+    joins points measured on different problems. Runs without `y` (perplexity runs for accuracy,
+    runs without quality for KL) are left out, and an empty panel says so."""
     runs = runs[runs[y].notna()]
     fig, axes, benchmarks = _panels(runs)
     if not benchmarks:
         axes[0].text(0.5, 0.5, f"no runs with {y}", ha="center", va="center")
+    colours = {m: f"C{i}" for i, m in enumerate(_methods(runs))}
     for ax, bench in zip(axes, benchmarks):
         sub = runs[runs["benchmark"] == bench]
-        models = sorted(sub["model"].unique())
-        for model, style in zip(models, ("o-", "s--", "^:", "d-.")):
+        series = sorted(set(zip(sub["model"], sub["problems"])))
+        for (model, n), style in zip(series, ("o-", "s--", "^:", "d-.", "v-", "x--")):
             for method in _methods(sub):
-                one = sub[(sub["method"] == method) & (sub["model"] == model)]
+                one = sub[(sub["method"] == method) & (sub["model"] == model)
+                          & (sub["problems"] == n)]  # fmt: skip
+                if one.empty:
+                    continue
                 line = one.groupby(x)[y].mean().sort_index()
-                label = method if len(models) == 1 else f"{model} {method}"
-                ax.plot(line.index, line.values, style, label=label)
+                label = method if len(series) == 1 else f"{method} ({model}, n={n})"
+                ax.plot(line.index, line.values, style, color=colours[method], label=label)
         ax.set(title=bench, xlabel=xlabel, ylabel=ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

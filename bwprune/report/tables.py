@@ -43,7 +43,10 @@ class Table:
 
     def markdown(self) -> str:
         body = (
-            self.frame.to_markdown(index=False, floatfmt=".3f")
+            # None, not NaN, so tabulate prints a missing cell as "–"
+            self.frame.astype(object)
+            .where(self.frame.notna(), None)
+            .to_markdown(index=False, floatfmt=".3f", missingval="–")
             if not self.frame.empty
             else "(no matching runs)"
         )
@@ -93,10 +96,14 @@ def largest_evaluations(runs: pd.DataFrame) -> pd.DataFrame:
     return ordered.drop_duplicates(list(CELL)).sort_index()
 
 
+def default_runs(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
+    """Generation runs of each method's default variant, every evaluation size (the collapse)."""
+    return _defaults_only(runs[runs["perplexity"].isna()], defaults)
+
+
 def default_cells(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
-    """What the main figures draw: generation runs of each method's default variant, one run
-    per cell."""
-    return _defaults_only(largest_evaluations(runs[runs["perplexity"].isna()]), defaults)
+    """The same, one run per cell (the most problems): the other figures."""
+    return largest_evaluations(default_runs(runs, defaults))
 
 
 def _defaults_only(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
@@ -137,10 +144,14 @@ def main_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int = 4
 
 
 def batch_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
-    """Accuracy, agreement and KL to dense vs batch size: the collapse of batch-shared masks."""
+    """Accuracy, agreement and KL to dense vs batch size: the collapse of batch-shared masks.
+
+    One row per evaluation size (n problems), so a row never mixes batch sizes measured on
+    different problems; takes all runs, not one per cell."""
     sel = _at_target(_defaults_only(runs, defaults))
+    sel = sel.drop(columns="n").rename(columns={"problems": "n"})
     values = {"accuracy": "acc", "agreement": "agree", "kl": "KL"}
-    table = _wide(sel, ["benchmark", "model", "method"], "batch_size", values)
+    table = _wide(sel, ["benchmark", "model", "method", "n"], "batch_size", values)
     return Table("Batch size (target ρ = 0.5)", table, list(sel["run_key"]))
 
 
@@ -196,12 +207,14 @@ def speed_table(name: str, rows: list[dict]) -> Table:
 
 
 def all_tables(runs: pd.DataFrame, defaults: dict[str, str]) -> dict[str, Table]:
-    """File stem -> table, for `make tables`; all but `runs` use one run per cell."""
-    cells = largest_evaluations(runs[runs["perplexity"].isna()])
+    """File stem -> table, for `make tables`; all but `runs` and `batch_size` use one run per
+    cell."""
+    generation = runs[runs["perplexity"].isna()]
+    cells = largest_evaluations(generation)
     tables = {
         "runs": runs_table(runs),
         "main": main_table(cells, defaults),
-        "batch_size": batch_table(cells, defaults),
+        "batch_size": batch_table(generation, defaults),
         "sparsity": sparsity_table(cells, defaults),
     }
     for argument in ABLATIONS:
