@@ -178,7 +178,8 @@ def ablation_table(runs: pd.DataFrame, defaults: dict[str, str], argument: str) 
     columns = {"problems": "n", "accuracy": "acc", "agreement": "agree", "kl": "KL",
                "realized_ffn": "(a) ffn", "realized_ffn_sparse_steps": "(b) ffn"}  # fmt: skip
     keys = ["benchmark", "model", "batch_size", "target_sparsity", argument]
-    table = sel.groupby(keys, as_index=False)[list(columns)].mean().rename(columns=columns)
+    how = {c: "min" if c == "problems" else "mean" for c in columns}  # n stays a count
+    table = sel.groupby(keys, as_index=False).agg(how).rename(columns=columns)
     return Table(f"Ablation: {argument}", table, list(sel["run_key"]))
 
 
