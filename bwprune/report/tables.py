@@ -127,19 +127,23 @@ def _wide(
 
 
 def main_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int = 4) -> Table:
-    """Accuracy per benchmark and their mean, agreement, KL and realized sparsity, per method."""
+    """Per benchmark: problems, accuracy and KL to dense; then the accuracy mean, and agreement
+    and realized sparsity averaged over the benchmarks, per method."""
     sel = _at_target(_defaults_only(runs, defaults))
     sel = sel[sel["batch_size"] == batch_size]
-    table = _wide(sel, ["model", "method"], "benchmark", {"accuracy": "acc"})
+    table = _wide(sel, ["model", "method"], "benchmark", {"problems": "n", "accuracy": "acc"})
     acc = [c for c in table.columns if c.startswith("acc ")]
     table["acc mean (shown)"] = table[acc].mean(axis=1, skipna=False)  # only over complete rows
+    counts = [c for c in table.columns if c.startswith("n ")]
+    table = table[["model", "method", *counts, *acc, "acc mean (shown)"]]
+    table[counts] = table[counts].astype("Int64")
+    kl = _wide(sel, ["model", "method"], "benchmark", {"kl": "KL"})
     extra = sel.groupby(["model", "method"], as_index=False).agg(
-        n=("problems", "min"), agree=("agreement", "mean"), KL=("kl", "mean"),
-        **{"(a) ffn": ("realized_ffn", "mean"), "(c) params": ("realized_params", "mean")},
+        agree=("agreement", "mean"), **{"(a) ffn": ("realized_ffn", "mean"),
+                                        "(c) params": ("realized_params", "mean")},
     )  # fmt: skip
     if not table.empty:
-        table = table.merge(extra, on=["model", "method"])
-        table.insert(2, "n", table.pop("n"))
+        table = table.merge(kl, on=["model", "method"], how="left").merge(extra)
     return Table(f"Main table (batch {batch_size}, target ρ = 0.5)", table, list(sel["run_key"]))
 
 
