@@ -19,7 +19,7 @@ def _methods(frame: pd.DataFrame) -> list[str]:
 
 def _panels(frame: pd.DataFrame, width: float = 4.5) -> tuple[Figure, list, list[str]]:
     benchmarks = sorted(frame["benchmark"].unique())
-    fig = Figure(figsize=(width * max(1, len(benchmarks)), 3.6), layout="constrained")
+    fig = Figure(figsize=((width + 1.5) * max(1, len(benchmarks)), 3.6), layout="constrained")
     return fig, list(fig.subplots(1, max(1, len(benchmarks)), squeeze=False)[0]), benchmarks
 
 
@@ -43,11 +43,13 @@ def metric_vs(runs: pd.DataFrame, x: str, y: str, xlabel: str, ylabel: str) -> F
                 if one.empty:
                     continue
                 line = one.groupby(x)[y].mean().sort_index()
-                label = method if len(series) == 1 else f"{method} ({model}, n={n})"
+                several_models = len({m for m, _ in series}) > 1
+                label = method if len(series) == 1 else f"{method}, n={n}"
+                label = f"{model} {label}" if several_models else label
                 ax.plot(line.index, line.values, style, color=colours[method], label=label)
         ax.set(title=bench, xlabel=xlabel, ylabel=ylabel)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
 
 
