@@ -129,7 +129,7 @@ def _run_job(cfg: DictConfig) -> dict:
     recorder = RunRecorder(cfg.paths.runs_dir, key)
     if recorder.is_complete():
         log.info("complete run found, skipping: %s", recorder.dir)
-        return json.loads(recorder.run_path.read_text())
+        return recorder.record()
     benchmark: Benchmark = build(cfg.benchmark)
     if benchmark.kind == "perplexity":
         return _run_perplexity(cfg, benchmark, recorder)
@@ -294,7 +294,7 @@ def rescore(run_dir: str | Path) -> dict:
     tmp = recorder.samples_path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
     tmp.replace(recorder.samples_path)
-    old = json.loads(recorder.run_path.read_text()) if recorder.run_path.exists() else {}
+    old = recorder.record() if recorder.is_complete() else {}
     metrics = summarize(samples, recorder.timings(), target_sparsity(cfg))
     prov = old.get("provenance") or provenance(cfg.seed, str(cfg.model.device))
     extra = {k: old[k] for k in ("benchmark", "model", "method") if k in old}

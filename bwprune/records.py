@@ -128,6 +128,10 @@ class RunRecorder:
     def is_complete(self) -> bool:
         return self.run_path.exists()
 
+    def record(self) -> dict:
+        """The complete run's `run.json`."""
+        return json.loads(self.run_path.read_text())
+
     def start(self, cfg: DictConfig) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         for path in (self.samples_path, self.timing_path):

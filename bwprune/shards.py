@@ -9,7 +9,6 @@ The last shard to finish merges; a complete unsharded run is never rewritten.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -60,7 +59,7 @@ def merge_shards(cfg: DictConfig) -> dict | None:
     key = run_key(whole)
     final = RunRecorder(runs_dir, key)
     if final.is_complete():
-        return _read_record(final)
+        return final.record()
     # Built aside (a unique folder, also across hosts sharing the file system), then renamed.
     staging = tempfile.mkdtemp(prefix=".merging-", dir=runs_dir)
     merged = RunRecorder(staging, key)
@@ -69,7 +68,7 @@ def merge_shards(cfg: DictConfig) -> dict | None:
     timings = sorted((t for r in shards for t in r.timings()),
                      key=lambda t: (t["samples"][0], t["indices"][0]))  # fmt: skip
     merged.write(samples, timings)
-    records = [_read_record(r) for r in shards]
+    records = [r.record() for r in shards]
     record = merged.finish(
         summarize(samples, timings, target_sparsity(whole)),
         records[0]["provenance"],
@@ -85,7 +84,7 @@ def merge_shards(cfg: DictConfig) -> dict | None:
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
         if final.is_complete():  # another shard's merge got there first: the same run
-            return _read_record(final)
+            return final.record()
         log.warning("not merged: %s exists and is not a complete run; remove it, or finish it "
                     "with the unsharded config", final.dir)  # fmt: skip
         return None
@@ -97,7 +96,3 @@ def merge_shards(cfg: DictConfig) -> dict | None:
     finally:
         tracker.finish()
     return record
-
-
-def _read_record(recorder: RunRecorder) -> dict:
-    return json.loads(recorder.run_path.read_text())
