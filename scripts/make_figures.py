@@ -27,7 +27,7 @@ def main(overrides: list[str]) -> None:
     if not runs.empty:
         defaults = default_variants(ROOT / "conf", sorted(runs["method"].unique()))
         cells, every_size = default_cells(runs, defaults), default_runs(runs, defaults)
-        for y in ("agreement", "kl", "accuracy"):  # one line per evaluation size
+        for y in ("agreement", "kl", "accuracy"):  # the largest swept evaluation size
             made[f"collapse_{y}"] = figures.collapse(every_size, y)
         made["accuracy_vs_realized_sparsity"] = figures.accuracy_vs_realized_sparsity(cells)
         made["drift"] = figures.drift(cells)

@@ -53,11 +53,27 @@ def metric_vs(runs: pd.DataFrame, x: str, y: str, xlabel: str, ylabel: str) -> F
     return fig
 
 
+def largest_sweep(runs: pd.DataFrame, x: str) -> pd.DataFrame:
+    """Per benchmark and model, the runs of the largest evaluation (most problems) that was
+    measured at more than one `x`: one clean curve per method, where every evaluation size at
+    once would crowd the panel (the batch table keeps them all)."""
+    swept = runs.groupby(["benchmark", "model", "problems"])[x].transform("nunique") > 1
+    runs = runs[swept]
+    largest = runs.groupby(["benchmark", "model"])["problems"].transform("max")
+    return runs[runs["problems"] == largest]
+
+
 def collapse(runs: pd.DataFrame, y: str = "agreement", rho: float = 0.5) -> Figure:
     """Agreement with dense, KL or accuracy vs batch size at target ρ (dense included): what
-    batch-shared masks lose as B grows."""
+    batch-shared masks lose as B grows. Benchmarks run at a single batch size are left out."""
     at_rho = runs[(runs["method"] == "dense") | (runs["target_sparsity"] == rho)]
-    return metric_vs(at_rho, "batch_size", y, "batch size", f"{y} (target ρ = {rho:g})")
+    sweep = largest_sweep(at_rho, "batch_size")
+    fig = metric_vs(sweep, "batch_size", y, "batch size", f"{y} (target ρ = {rho:g})")
+    for ax in fig.axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(sweep["batch_size"].unique()))
+        ax.get_xaxis().set_major_formatter("{x:g}")
+    return fig
 
 
 def accuracy_vs_realized_sparsity(runs: pd.DataFrame) -> Figure:

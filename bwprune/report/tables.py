@@ -148,13 +148,14 @@ def main_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int = 4
 
 
 def batch_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
-    """Accuracy, agreement and KL to dense vs batch size: the collapse of batch-shared masks.
+    """Accuracy, agreement, KL to dense and realized FFN sparsity (a) vs batch size: the
+    collapse of batch-shared masks, and the drift of thresholded methods' realized sparsity.
 
     One row per evaluation size (n problems), so a row never mixes batch sizes measured on
     different problems; takes all runs, not one per cell."""
     sel = _at_target(_defaults_only(runs, defaults))
     sel = sel.drop(columns="n").rename(columns={"problems": "n"})
-    values = {"accuracy": "acc", "agreement": "agree", "kl": "KL"}
+    values = {"accuracy": "acc", "agreement": "agree", "kl": "KL", "realized_ffn": "(a)"}
     table = _wide(sel, ["benchmark", "model", "method", "n"], "batch_size", values)
     return Table("Batch size (target ρ = 0.5)", table, list(sel["run_key"]))
 

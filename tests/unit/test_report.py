@@ -40,7 +40,7 @@ def test_every_table_lists_its_runs(results, tmp_path):
     default, ablation = keys[2], keys[3]
     batch = tables["batch_size"]
     assert default in batch.run_keys and ablation not in batch.run_keys
-    assert {"acc B=1", "acc B=2", "agree B=2"} <= set(batch.frame.columns)
+    assert {"acc B=1", "acc B=2", "agree B=2", "(a) B=1"} <= set(batch.frame.columns)
     write_tables(tables, tmp_path)
     for stem, table in tables.items():
         tex = (tmp_path / f"{stem}.tex").read_text()
@@ -81,3 +81,19 @@ def test_figures_build(results):
 
 def test_no_runs_gives_empty_frame(tmp_path):
     assert load_runs(tmp_path).empty
+
+
+def test_collapse_draws_the_largest_swept_evaluation_only():
+    from bwprune.report import figures
+
+    rows = [  # gsm8k: n=16 at B 1 and 4, n=100 at B 1 and 4, n=200 only at B 4; math500: one B
+        {"benchmark": b, "model": "m", "method": "ours", "problems": n, "batch_size": bs,
+         "target_sparsity": 0.5, "kl": 0.1 * bs}
+        for b, n, bs in [("gsm8k", 16, 1), ("gsm8k", 16, 4), ("gsm8k", 100, 1),
+                         ("gsm8k", 100, 4), ("gsm8k", 200, 4), ("math500", 40, 4)]
+    ]  # fmt: skip
+    runs = pd.DataFrame(rows)
+    assert set(figures.largest_sweep(runs, "batch_size")["problems"]) == {100}
+    fig = figures.collapse(runs, "kl")
+    assert [ax.get_title() for ax in fig.axes] == ["gsm8k"]
+    assert [list(line.get_xdata()) for line in fig.axes[0].lines] == [[1, 4]]
