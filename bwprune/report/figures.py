@@ -70,6 +70,9 @@ def collapse(runs: pd.DataFrame, y: str = "agreement", rho: float = 0.5) -> Figu
     sweep = largest_sweep(at_rho, "batch_size")
     fig = metric_vs(sweep, "batch_size", y, "batch size", f"{y} (target ρ = {rho:g})")
     for ax in fig.axes:
+        problems = sweep.loc[sweep["benchmark"] == ax.get_title(), "problems"].unique()
+        if len(problems) == 1:  # one evaluation size: say which
+            ax.set_title(f"{ax.get_title()}, {problems[0]} problems")
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(sweep["batch_size"].unique()))
         ax.get_xaxis().set_major_formatter("{x:g}")
