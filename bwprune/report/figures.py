@@ -36,16 +36,14 @@ def metric_vs(runs: pd.DataFrame, x: str, y: str, xlabel: str, ylabel: str) -> F
     for ax, bench in zip(axes, benchmarks):
         sub = runs[runs["benchmark"] == bench]
         series = sorted(set(zip(sub["model"], sub["problems"])))
+        several_models = len({m for m, _ in series}) > 1
         for (model, n), style in zip(series, ("o-", "s--", "^:", "d-.", "v-", "x--")):
-            for method in _methods(sub):
-                one = sub[(sub["method"] == method) & (sub["model"] == model)
-                          & (sub["problems"] == n)]  # fmt: skip
-                if one.empty:
-                    continue
-                line = one.groupby(x)[y].mean().sort_index()
-                several_models = len({m for m, _ in series}) > 1
-                label = method if len(series) == 1 else f"{method}, n={n}"
-                label = f"{model} {label}" if several_models else label
+            part = sub[(sub["model"] == model) & (sub["problems"] == n)]
+            prefix = f"{model} " if several_models else ""
+            suffix = f", n={n}" if len(series) > 1 else ""
+            for method in _methods(part):
+                line = part[part["method"] == method].groupby(x)[y].mean().sort_index()
+                label = f"{prefix}{method}{suffix}"
                 ax.plot(line.index, line.values, style, color=colours[method], label=label)
         ax.set(title=bench, xlabel=xlabel, ylabel=ylabel)
         ax.grid(alpha=0.3)
@@ -67,12 +65,12 @@ def collapse(runs: pd.DataFrame, y: str = "agreement", rho: float = 0.5) -> Figu
     """Agreement with dense, KL or accuracy vs batch size at target ρ (dense included): what
     batch-shared masks lose as B grows. Benchmarks run at a single batch size are left out."""
     at_rho = runs[(runs["method"] == "dense") | (runs["target_sparsity"] == rho)]
-    sweep = largest_sweep(at_rho, "batch_size")
+    sweep = largest_sweep(at_rho[at_rho[y].notna()], "batch_size")  # the panels metric_vs draws
     fig = metric_vs(sweep, "batch_size", y, "batch size", f"{y} (target ρ = {rho:g})")
-    for ax in fig.axes:
-        problems = sweep.loc[sweep["benchmark"] == ax.get_title(), "problems"].unique()
+    for ax, (bench, one) in zip(fig.axes, sweep.groupby("benchmark")):  # panels sorted alike
+        problems = one["problems"].unique()
         if len(problems) == 1:  # one evaluation size: say which
-            ax.set_title(f"{ax.get_title()}, {problems[0]} problems")
+            ax.set_title(f"{bench}, {problems[0]} problems")
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(sweep["batch_size"].unique()))
         ax.get_xaxis().set_major_formatter("{x:g}")
