@@ -26,7 +26,6 @@ from transformers import PreTrainedTokenizerBase
 
 from bwprune.errors import UserError, choices_error
 from bwprune.methods.base import Phase, StepContext
-from bwprune.methods.ledger import StepSparsity
 from bwprune.methods.neuron_mask import NeuronMaskMethod, PhaseScores
 from bwprune.methods.neuron_scores import AGGREGATES, aggregate, kept_count, topk_index
 from bwprune.models.adapters import ModelAdapter
@@ -53,11 +52,10 @@ class Griffin(NeuronMaskMethod):
         self.set_kept(None)  # the prompt pass is dense
         self.phase = PhaseScores(len(self.sliced)) if self.sparsity > 0 else None
 
-    def end_step(self, ctx: StepContext) -> StepSparsity | None:
+    def after_forward(self, ctx: StepContext) -> None:
         if ctx.phase is Phase.PREFILL and self.phase is not None:
             phase, self.phase = self.phase, None
             self.set_kept([self._select(phase, layer) for layer in range(len(self.sliced))])
-        return super().end_step(ctx)
 
     def _select(self, phase: PhaseScores, layer: int) -> torch.Tensor:
         """GRIFFIN's s_j = ‖z̄_{·,j}‖₂ per row, aggregated over the batch, then top-k."""

@@ -30,11 +30,11 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from bwprune.engine.ledger import StepSparsity
 from bwprune.errors import UserError
 from bwprune.hooks import HookSet
 from bwprune.methods.base import PruningMethod, StepContext
 from bwprune.methods.calibrated import LayerStream, calibration_artifact
-from bwprune.methods.ledger import StepSparsity
 from bwprune.models.adapters import ModelAdapter
 
 PATTERNS = ("unstructured", "N:M (e.g. 2:4, 4:8)")

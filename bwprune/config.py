@@ -8,7 +8,10 @@ the schema here covers only the top-level keys, `generation` and `model`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from bwprune.errors import UserError, choices_error
@@ -49,6 +52,28 @@ def validate(cfg: DictConfig) -> None:
         raise choices_error("model.dtype", cfg.model.dtype, DTYPES)
     if cfg.model.init not in ("pretrained", "random"):
         raise choices_error("model.init", cfg.model.init, ("pretrained", "random"))
+
+
+def build(node: DictConfig) -> Any:
+    """`instantiate` a config node (a method, a benchmark), with a constructor's `UserError` (or
+    bad-value `ValueError`/`TypeError`) surfaced as one `UserError`, not Hydra's wrapper."""
+    try:
+        return instantiate(node)
+    except InstantiationException as e:
+        cause = e.__cause__
+        if isinstance(cause, (UserError, ValueError, TypeError)):
+            raise UserError(f"{node.get('_target_')}: {cause}") from None
+        raise
+
+
+def build_method(node: DictConfig) -> Any:
+    """A pruning method from its `conf/method/<name>.yaml` node. `name` is the config's (the run
+    key's method segment), not a constructor argument, so it is left out of the call."""
+    if "name" not in node:
+        raise UserError(f"method config {node.get('_target_')!r} lacks `name` (its file's name)")
+    args = OmegaConf.to_container(node, resolve=True)
+    args.pop("name")
+    return build(OmegaConf.create(args))
 
 
 def compose_config(conf_dir: str | Path, overrides: list[str] | None = None) -> DictConfig:

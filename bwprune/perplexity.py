@@ -1,15 +1,15 @@
 """Perplexity of a model under a pruning method, over the windows of a `kind = "perplexity"`
 benchmark (`bwprune.benchmarks.wikitext2`).
 
-Every window is one forward that the method sees exactly as it sees the runner's prefill:
-`attach` around the whole evaluation, then per batch of windows `begin_batch`, and `begin_step` /
-`end_step` with a PREFILL `StepContext` whose tokens are all valid (windows are unpadded). A method
-therefore acts here as it acts on a prompt: static methods (dense, Wanda, TriSP) fully; dynamic
-ones (TEAL, CATS, Griffin, ours) with whatever their prefill rule is — e.g. a method that stays
-dense during prefill measures the dense perplexity. The caller runs `method.prepare` first, as
-for generation. The ledger counts each window's forward as a step; TEAL and CATS report no
-prefill sparsity to it (their ledger is defined on decode steps), so their perplexity runs show
-realized sparsity 0 although their prefill rule thresholds part of each window.
+Every batch of windows is one scoring forward of `bwprune.engine.protocol.MethodDriver`: the
+method sees it exactly as it sees the runner's prefill (`attach` around the whole evaluation, a
+new batch per batch of windows, a PREFILL step whose tokens are all valid: windows are unpadded).
+A method therefore acts here as it acts on a prompt: static methods (dense, Wanda, TriSP) fully;
+dynamic ones (TEAL, CATS, Griffin, ours) with whatever their prefill rule is — e.g. a method that
+stays dense during prefill measures the dense perplexity. The caller runs `method.prepare` first,
+as for generation. The ledger measures each window's forward once (its definition); TEAL and CATS
+report no prefill sparsity, so their perplexity runs show realized sparsity 0 although their
+prefill rule thresholds part of each window.
 
 Perplexity = exp(Σ NLL / n) over all scored tokens (not a mean of per-window perplexities).
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -26,9 +27,11 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from bwprune.benchmarks.wikitext2 import WikiText2, Window
+from bwprune.engine.ledger import SparsityLedger
+from bwprune.engine.protocol import MethodDriver
+from bwprune.engine.realized import combine
 from bwprune.errors import UserError
-from bwprune.methods.base import Phase, PruningMethod, StepContext
-from bwprune.methods.ledger import SparsityLedger, combine
+from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import ModelAdapter
 
 
@@ -76,6 +79,7 @@ def evaluate_perplexity(
     device = next(model.parameters()).device
     ids = benchmark.token_ids(tokenizer)
     windows = benchmark.windows(len(ids))
+    driver = MethodDriver(method, ledger or SparsityLedger(adapter, device))
     total = torch.zeros((), dtype=torch.float64, device=device)
     n_tokens = 0
     rows: list[dict] = []
@@ -84,26 +88,17 @@ def evaluate_perplexity(
         for batch in _batches(windows, batch_size):
             x = torch.stack([ids[w.begin : w.end] for w in batch]).to(device)
             b, t = x.shape
-            ctx = StepContext(
-                Phase.PREFILL, 0,
-                torch.ones(b, t, dtype=torch.bool, device=device),
-                torch.zeros(b, dtype=torch.bool, device=device),
-            )  # fmt: skip
-            method.begin_batch(b)
-            method.begin_step(ctx)
+            driver.start(b)
             positions = torch.arange(t, device=device).expand(b, t)
-            logits = model(
-                input_ids=x, attention_mask=torch.ones_like(x), position_ids=positions,
+            valid = torch.ones(b, t, dtype=torch.bool, device=device)
+            logits = driver.score(valid, partial(
+                model, input_ids=x, attention_mask=valid.long(), position_ids=positions,
                 use_cache=False,
-            ).logits  # fmt: skip
-            sparsity = method.end_step(ctx)
+            )).logits  # fmt: skip
             nll, n = _scored_nll(logits, x, batch)
             total += nll
             n_tokens += n
-            if ledger is not None:
-                ledger.reset(b)
-                ledger.record(sparsity, ctx.valid[:, 0])
-                rows += ledger.rows()
+            rows += driver.rows()
     eval_s = time.perf_counter() - start
     mean_nll = float(total) / n_tokens
     metrics = {

@@ -15,9 +15,9 @@ from omegaconf import DictConfig
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from bwprune.engine.ledger import SparsityLedger
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.methods.base import PruningMethod
-from bwprune.methods.ledger import SparsityLedger
 from bwprune.models.adapters import ModelAdapter, adapter_for
 from bwprune.models.loading import load_model
 

@@ -17,8 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from omegaconf import DictConfig
+from tqdm import tqdm
 
-from bwprune.generation.runner import BatchedRunner, Forcing
+from bwprune.benchmarks.base import Example
+from bwprune.generation.prompts import batch_prompts
+from bwprune.generation.runner import BatchedRunner, Forcing, SamplingConfig
+from bwprune.methods.base import PruningMethod
+from bwprune.prepared import PreparedModel
 
 
 @dataclass
@@ -53,6 +59,27 @@ def dense_reference(
     valid = torch.arange(n)[None, :] < lengths[:, None]
     nll = -(top_logp[..., 0] * valid).sum(1)  # greedy: the reference token is the top-1
     return DenseReference(Forcing(tokens, lengths), top_logp, top_index, nll)
+
+
+def dense_references(
+    cfg: DictConfig, prepared: PreparedModel, batches: list[list[tuple[Example, int]]]
+) -> list[DenseReference]:
+    """`quality.enabled`: the dense model's greedy reference for every batch to generate. Call it
+    before the method is prepared (static methods edit the weights in `prepare`)."""
+    q = cfg.quality
+    if not q.enabled:
+        return []
+    dense = BatchedRunner(
+        prepared.model, prepared.tokenizer, PruningMethod(), prepared.adapter,
+        SamplingConfig(q.max_tokens),
+    )  # fmt: skip
+    bar = tqdm(batches, desc="dense references", unit="batch", disable=not cfg.progress)
+    return [
+        dense_reference(
+            dense, *dense.encode(batch_prompts(prepared.tokenizer, cfg.model, b)), q.top_k
+        )
+        for b in bar
+    ]
 
 
 def binned_kl(p_top_logp: torch.Tensor, top_index: torch.Tensor, q_logp: torch.Tensor):
@@ -92,13 +119,3 @@ def forced_quality(
         {"tokens": int(t), "nll_dense": a, "nll": b, "nll_increase": b - a, "kl": k}
         for t, a, b, k in rows
     ]
-
-
-def combine_quality(rows: list[dict]) -> dict:
-    """Run-level means, weighted by reference tokens."""
-    rows = [r for r in rows if r]
-    total = sum(r["tokens"] for r in rows)
-    if not total:
-        return {}
-    mean = {k: sum(r[k] * r["tokens"] for r in rows) / total for k in ("nll_dense", "nll", "kl")}
-    return {**mean, "nll_increase": mean["nll"] - mean["nll_dense"], "tokens": total}

@@ -6,8 +6,9 @@ Layout of a run folder (see README "Results"):
   timing.jsonl   one line per generated batch (prefill/decode seconds, per-step times)
   run.json       written last: metrics + provenance; its presence marks the run complete
 Metrics are a pure function of samples.jsonl and timing.jsonl (`summarize`), so an interrupted run
-resumes where it stopped and a rescored run needs no model. This module never imports torch at
-import time and knows nothing of any method.
+resumes where it stopped and a rescored run needs no model. The row schemas of both files are
+here (`sample_row`, `timing_row`). This module imports no torch (tables and rescoring use it
+without a model) and knows nothing of any method.
 """
 
 from __future__ import annotations
@@ -22,11 +23,17 @@ from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
 from bwprune.config import package_data_dir
-from bwprune.methods.ledger import combine
+from bwprune.engine.realized import combine
+
+if TYPE_CHECKING:  # types only: importing them would pull torch into the report's imports
+    from bwprune.benchmarks.base import Example
+    from bwprune.generation.runner import BatchTiming, Completion
+    from bwprune.scoring.common import Score
 
 # Keys that never change what a run computes: they are left out of the run's identity.
 # `sparsity` and `calibration` matter only through the method config that interpolates them.
@@ -37,8 +44,8 @@ VERSIONED_PACKAGES = ("torch", "transformers", "math-verify", "hydra-core", "bwp
 
 
 def method_name(cfg: DictConfig) -> str:
-    """A method's option name is its module's name: `baselines.teal.TEAL` -> `teal`."""
-    return str(cfg.method._target_).rsplit(".", 2)[-2]
+    """The method's config choice (`conf/method/<name>.yaml` carries its own `name`)."""
+    return str(cfg.method.name)
 
 
 def target_sparsity(cfg: DictConfig) -> float:
@@ -47,8 +54,10 @@ def target_sparsity(cfg: DictConfig) -> float:
 
 
 def identity(cfg: DictConfig) -> dict:
-    """The resolved config without the keys that cannot change the outputs."""
+    """The resolved config without the keys that cannot change the outputs (the method's `name`
+    is in the run key itself; its arguments and `_target_` are what the hash must see)."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved.get("method", {}).pop("name", None)
     return _drop_cache_dirs({k: v for k, v in resolved.items() if k not in NON_IDENTITY_KEYS})
 
 
@@ -178,6 +187,45 @@ class RunRecorder:
         return record
 
 
+def sample_row(
+    example: Example,
+    sample: int,
+    completion: Completion,
+    score: Score,
+    think_open: bool,
+    quality: dict | None = None,
+) -> dict:
+    """One line of samples.jsonl: the problem, the completion, its score and what it cost."""
+    return {
+        "index": example.index,
+        "sample": sample,
+        "id": example.id,
+        "prompt": example.question,
+        "think_open": think_open,
+        "completion": completion.text,
+        "prediction": score.prediction,
+        "gold": example.gold,
+        "correct": score.correct,
+        "score_reason": score.reason,
+        "new_tokens": completion.new_tokens,
+        "finish_reason": completion.finish_reason,
+        "sparsity": completion.sparsity,
+        "quality": quality,  # teacher-forced fidelity to dense (bwprune/quality.py), or None
+    }
+
+
+def timing_row(batch: list[tuple[Example, int]], timing: BatchTiming) -> dict:
+    """One line of timing.jsonl: which (problem, sample) pairs a batch held and its times."""
+    return {
+        "indices": [e.index for e, _ in batch],
+        "samples": [k for _, k in batch],
+        "prefill_s": timing.prefill_s,
+        "decode_s": timing.decode_s,
+        "decode_tokens": timing.decode_tokens,
+        "step_ms": [round(1e3 * s, 4) for s in timing.step_s],
+    }
+
+
 def pass_at_1(samples: list[dict]) -> float:
     """Mean over problems of the fraction of their samples that are correct (unscorable = wrong).
 
@@ -221,14 +269,18 @@ def summarize(samples: list[dict], timings: list[dict], target_sparsity: float) 
         "decode_ms_per_step": statistics.median(steps_ms) if steps_ms else 0.0,
         "prefill_s": sum(t["prefill_s"] for t in timings),
         "decode_s": decode_s,
-        "quality": _combine_quality([s.get("quality") for s in samples]),
+        "quality": combine_quality([s.get("quality") for s in samples]),
     }
 
 
-def _combine_quality(rows: list[dict | None]) -> dict:
-    from bwprune.quality import combine_quality  # deferred: it needs torch
-
-    return combine_quality(rows)
+def combine_quality(rows: list[dict]) -> dict:
+    """Run-level means, weighted by reference tokens."""
+    rows = [r for r in rows if r]
+    total = sum(r["tokens"] for r in rows)
+    if not total:
+        return {}
+    mean = {k: sum(r[k] * r["tokens"] for r in rows) / total for k in ("nll_dense", "nll", "kl")}
+    return {**mean, "nll_increase": mean["nll"] - mean["nll_dense"], "tokens": total}
 
 
 def _append_jsonl(path: Path, rows: Iterable[dict]) -> None:

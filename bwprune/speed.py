@@ -20,9 +20,10 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
+from bwprune.engine.ledger import SparsityLedger
+from bwprune.engine.realized import combine
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.methods.base import PruningMethod
-from bwprune.methods.ledger import SparsityLedger, combine
 from bwprune.models.adapters import ModelAdapter
 
 HF_GENERATE = "hf_generate"  # label of the reference: transformers' own generate loop, dense
@@ -158,42 +159,3 @@ def _summarize(batch: int, samples: dict[str, list[dict]], dense_bytes: int, ffn
         if frozen_r is not None and "sparse_fraction" in row and 0 < row["sparse_fraction"] < 1:
             row["ideal_measured_r"] = schedule_ideal(row["sparse_fraction"], frozen_r)
     return rows
-
-
-SPEED_COLUMNS = (
-    "batch", "method", "decode ms/step", "decode tok/s", "prefill ms", "e2e s", "speedup e2e",
-    "speedup decode", "sparse steps", "bound (sparse step)", "ideal (bandwidth)",
-    "ideal (measured r)",
-)  # fmt: skip
-
-
-def table_cells(rows: list[dict]) -> list[list[str]]:
-    """The speed table's cells, one list per row in `SPEED_COLUMNS` order: medians with
-    [min, max], speedups vs dense next to their bounds. Plain strings, so the markdown here and
-    the LaTeX of `make tables` show the same numbers."""
-
-    def fmt(v, scale=1.0, digits=2):
-        if v is None:
-            return "–"
-        if isinstance(v, dict):
-            lo, mid, hi = (f"{v[k] * scale:.{digits}f}" for k in ("min", "median", "max"))
-            return f"{mid} [{lo}, {hi}]"
-        return f"{v * scale:.{digits}f}"
-
-    def cells(r: dict) -> list[str]:
-        return [
-            str(r["batch_size"]), r["method"], fmt(r.get("step_ms"), digits=1),
-            fmt(r.get("tokens_per_s"), digits=1), fmt(r.get("prefill_s"), 1e3, 1),
-            fmt(r["e2e_s"]), fmt(r["speedup_e2e"]), fmt(r.get("speedup_decode")),
-            fmt(r.get("sparse_fraction")), fmt(r.get("bandwidth_bound")),
-            fmt(r.get("ideal_bandwidth")), fmt(r.get("ideal_measured_r")),
-        ]  # fmt: skip
-
-    return [cells(r) for r in rows]
-
-
-def markdown_table(rows: list[dict]) -> str:
-    """The speed table as markdown (`table_cells`)."""
-    lines = ["| " + " | ".join(SPEED_COLUMNS) + " |", "|" + "---|" * len(SPEED_COLUMNS)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in table_cells(rows)]
-    return "\n".join(lines) + "\n"

@@ -1,6 +1,6 @@
 """Per-step traces of generation, for the figures about dynamics that run records do not keep.
 
-Run records keep per-row totals (bwprune/methods/ledger.py); two of the paper's figures need what
+Run records keep per-row totals (bwprune/engine/ledger.py); two of the paper's figures need what
 happens step by step: (1) the realized sparsity of each decode step under each method, which
 shows a schedule's dense exploration steps and a threshold's drift as the batch changes, and
 (2) the activation magnitudes of one layer's neurons over a long generation, which show that
@@ -23,13 +23,12 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from bwprune.config import compose_config
+from bwprune.config import build, build_method, compose_config
+from bwprune.engine.ledger import SparsityLedger, StepSparsity
 from bwprune.errors import UserError
-from bwprune.experiment import build
 from bwprune.generation.prompts import render_prompt
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.hooks import HookSet
-from bwprune.methods.ledger import SparsityLedger, StepSparsity
 from bwprune.models.adapters import ModelAdapter
 from bwprune.prepared import PreparedModel, prepare_model
 from bwprune.records import provenance
@@ -135,7 +134,7 @@ def _traced_runner(
     cfg: DictConfig, new_tokens: int, ignore_eos: bool
 ) -> tuple[BatchedRunner, PreparedModel]:
     """The configured method prepared on a fresh model, with a `StepTrace` ledger."""
-    method = build(cfg.method)
+    method = build_method(cfg.method)
     ledgers = []
     p = prepare_model(cfg, method, lambda p: ledgers.append(StepTrace(p.adapter, p.device)))
     sampling = SamplingConfig(new_tokens, ignore_eos=ignore_eos)

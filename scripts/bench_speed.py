@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
-from bwprune.config import compose_config
-from bwprune.experiment import build
+from bwprune.config import build_method, compose_config
 from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
 from bwprune.records import provenance
-from bwprune.speed import markdown_table, measure
+from bwprune.report.speed_table import markdown_table
+from bwprune.speed import measure
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,7 +31,7 @@ def main(overrides: list[str]) -> None:
             ROOT / "conf", ["+bench=default", *overrides, *method_overrides]
         )
         method_cfg = method_cfg.method
-        methods[label] = build(method_cfg)
+        methods[label] = build_method(method_cfg)
         methods[label].prepare(model, adapter, tokenizer)
     rows = measure(
         model, tokenizer, adapter, methods, list(bench.batch_sizes), bench.new_tokens,

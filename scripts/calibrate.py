@@ -9,9 +9,8 @@ import logging
 import sys
 from pathlib import Path
 
-from bwprune.config import compose_config, validate
+from bwprune.config import build_method, compose_config, validate
 from bwprune.errors import UserError
-from bwprune.experiment import build
 from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
 
@@ -20,7 +19,7 @@ if __name__ == "__main__":
     try:
         cfg = compose_config(Path(__file__).resolve().parent.parent / "conf", sys.argv[1:])
         validate(cfg)
-        method = build(cfg.method)
+        method = build_method(cfg.method)
         model, tokenizer = load_model(cfg.model, cfg.paths.cache_dir)
         method.prepare(model, adapter_for(model), tokenizer)
     except UserError as e:

@@ -25,7 +25,8 @@ from baselines.dense import Dense  # noqa: E402
 from bwprune.methods.ours import BWAP  # noqa: E402
 from bwprune.models.adapters import adapter_for  # noqa: E402
 from bwprune.models.byte_tokenizer import byte_tokenizer  # noqa: E402
-from bwprune.speed import markdown_table, measure  # noqa: E402
+from bwprune.report.speed_table import markdown_table  # noqa: E402
+from bwprune.speed import measure  # noqa: E402
 
 
 def build_methods(model, adapter, tokenizer, sparsity: float) -> dict:

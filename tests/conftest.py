@@ -61,3 +61,16 @@ PROMPTS = ["What is 2 + 3?", "Hi", "A much longer question that needs a lot more
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def reported(method, ledger) -> dict:
+    """The ledger row of one decode step that runs no forward: what a static method reports.
+
+    `ledger` must be built on the model as loaded (before `prepare`), as every caller's is.
+    """
+    from bwprune.engine.protocol import MethodDriver
+
+    driver = MethodDriver(method, ledger)
+    driver.start(1)
+    driver.decode(0, torch.zeros(1, dtype=torch.bool), lambda: None)
+    return driver.rows()[0]

@@ -19,9 +19,9 @@ from baselines.trisp.lora import LoraSettings, merge_lora, train_lora
 from baselines.trisp.prune import prune_layer, record_structure, save_pruned
 from baselines.trisp.scores import SCORES, ZSCORES, plan_pruning
 from bwprune.calibration import artifact_dir, cached_tensors, calibration_windows
+from bwprune.engine.ledger import StepSparsity
 from bwprune.errors import UserError, choices_error
 from bwprune.methods.base import PruningMethod, StepContext
-from bwprune.methods.ledger import StepSparsity
 from bwprune.models.adapters import ModelAdapter
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,8 @@ class TriSP(PruningMethod):
         self, model: nn.Module, adapter: ModelAdapter, tokenizer: PreTrainedTokenizerBase
     ) -> None:
         """Calibrate, plan, remove, recover; afterwards `model` is the smaller dense model."""
+        if self.sparsity == 0:  # nothing to remove: no bias, no LoRA, exactly the dense model
+            return
         c = self.calibration
         windows = calibration_windows(
             tokenizer, c["text_file"], c["num_sequences"], c["seq_len"], c["seed"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
+from bwprune.benchmarks.base import Example
+
 
 def render_prompt(tokenizer: PreTrainedTokenizerBase, model_cfg: DictConfig, question: str) -> str:
     """The text the model continues: chat template (with the model's options) or the raw question.
@@ -15,6 +17,13 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, model_cfg: DictConfig, que
     if not model_cfg.chat_template:
         return question
     return render_messages(tokenizer, model_cfg, [{"role": "user", "content": question}])
+
+
+def batch_prompts(
+    tokenizer: PreTrainedTokenizerBase, model_cfg: DictConfig, batch: list[tuple[Example, int]]
+) -> list[str]:
+    """The prompt of every (example, sample) pair of a batch."""
+    return [render_prompt(tokenizer, model_cfg, e.question) for e, _ in batch]
 
 
 def render_messages(

@@ -3,7 +3,8 @@
 It is explicit rather than `model.generate` because methods need the step index, which tokens are
 valid and which rows have finished at every forward, and because prefill and decode are timed
 separately. For the `dense` method its greedy tokens equal `model.generate(do_sample=False)`.
-The runner knows only the `PruningMethod` interface; it never scores answers.
+Every forward goes through `bwprune.engine.protocol.MethodDriver`, which alone calls the method's
+hooks and records realized sparsity; the runner names no method and never scores answers.
 """
 
 from __future__ import annotations
@@ -11,14 +12,16 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
+from bwprune.engine.ledger import SparsityLedger
+from bwprune.engine.protocol import MethodDriver
 from bwprune.generation.timing import StepTimer
-from bwprune.methods.base import Phase, PruningMethod, StepContext
-from bwprune.methods.ledger import SparsityLedger
+from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import ModelAdapter
 
 
@@ -114,6 +117,7 @@ class BatchedRunner:
         self.sampling = sampling
         self.device = next(model.parameters()).device
         self.ledger = ledger or SparsityLedger(adapter, self.device)
+        self.driver = MethodDriver(method, self.ledger)
         stops = [] if sampling.ignore_eos else stop_token_ids(model, tokenizer)
         self.stop_ids = torch.tensor(stops, dtype=torch.long, device=self.device)
         self.pad_id = tokenizer.pad_token_id
@@ -176,19 +180,14 @@ class BatchedRunner:
         batch = ids.shape[0]
         positions = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: real tokens start at 0
         cache = DynamicCache(config=self.model.config)
-        finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
-        self.method.begin_batch(batch)
-        self.ledger.reset(batch)
+        self.driver.start(batch)
         timer = StepTimer(self.device)
 
         timer.mark()
-        ctx = StepContext(Phase.PREFILL, 0, attn.bool(), finished)
-        self.method.begin_step(ctx)
-        logits = self.model(
-            input_ids=ids, attention_mask=attn, position_ids=positions,
-            cache=cache, use_cache=True, logits_to_keep=1,
-        ).logits[:, -1]  # fmt: skip
-        self.method.end_step(ctx)
+        logits = self.driver.prefill(attn.bool(), partial(
+            self._forward, cache, input_ids=ids, attention_mask=attn, position_ids=positions,
+            logits_to_keep=1,
+        ))  # fmt: skip
         token = self._pick(0, logits, forced, observe)
         timer.mark()
         generated = [token]
@@ -205,13 +204,10 @@ class BatchedRunner:
             attn = torch.cat([attn, attn.new_ones(batch, 1)], dim=-1)
             position = position + 1
             active = ~finished
-            ctx = StepContext(Phase.DECODE, step, active[:, None], finished)
-            self.method.begin_step(ctx)
-            logits = self.model(
-                input_ids=token[:, None], attention_mask=attn, position_ids=position,
-                cache=cache, use_cache=True,
-            ).logits[:, -1]  # fmt: skip
-            self.ledger.record(self.method.end_step(ctx), active)
+            logits = self.driver.decode(step, finished, partial(
+                self._forward, cache, input_ids=token[:, None], attention_mask=attn,
+                position_ids=position,
+            ))  # fmt: skip
             token = self._pick(step + 1, logits, forced, observe)
             token = token.masked_fill(finished, self.pad_id)
             generated.append(token)
@@ -231,12 +227,16 @@ class BatchedRunner:
         )
         return completions, timing
 
+    def _forward(self, cache: DynamicCache, **inputs: torch.Tensor | int) -> torch.Tensor:
+        """One forward on the KV cache -> (B, V) logits of the last position."""
+        return self.model(**inputs, cache=cache, use_cache=True).logits[:, -1]
+
     def _completions(
         self, tokens: torch.Tensor, lengths: torch.Tensor, finished: torch.Tensor
     ) -> list[Completion]:
         """(B, N) generated ids -> each row's first `lengths[b]` ids; text without a stop token."""
         stop_ids = set(self.stop_ids.tolist())
-        rows = zip(tokens.tolist(), lengths.tolist(), finished.tolist(), self.ledger.rows())
+        rows = zip(tokens.tolist(), lengths.tolist(), finished.tolist(), self.driver.rows())
         out = []
         for row, n, done, sparsity in rows:
             ids = row[:n]

@@ -6,21 +6,23 @@
   `batch_size` are cut, so a batch-shared mask is shared by requests of similar length (run.py
   batches in file order); results come back in request order. lm-eval's `until` stops a row
   (it counts as finished for the method and the ledger) and is cut from the text.
-- `loglikelihood` / `loglikelihood_rolling` run one forward per batch of requests, which the
-  method sees as a prompt prefill (`begin_batch`, then one PREFILL `StepContext` whose `valid`
-  marks the real tokens). There is no decode phase, so each method acts as on a prompt (with the
-  methods' defaults): `dense`, `ours` (BWAP: prefill only scores the prompt) and `griffin` (the
-  prompt pass picks the experts for decode) score with the dense model; `teal` thresholds the
-  last half of each request's tokens per token (`prefill_fraction` 0.5), `cats` all of them;
-  `wanda` and `trisp` prune weights in `prepare`, so they apply in full.
+- `loglikelihood` / `loglikelihood_rolling` run one scoring forward per batch of requests through
+  the same `MethodDriver`, which the method sees as a prompt prefill (a new batch, then one
+  PREFILL step whose `valid` marks the real tokens). There is no decode phase, so each method
+  acts as on a prompt (with the methods' defaults): `dense`, `ours` (BWAP: prefill only scores
+  the prompt) and `griffin` (the prompt pass picks the experts for decode) score with the dense
+  model; `teal` thresholds the last half of each request's tokens per token (`prefill_fraction`
+  0.5), `cats` all of them; `wanda` and `trisp` prune weights in `prepare`, so they apply in full.
 
 Results: `get_model_info` adds `config.bwprune` to lm-eval's results: the resolved config, the
-ledger's realized sparsity of `generate_until` (decode steps only, its one definition: scoring
-forwards add nothing; `scoring_forwards` counts their rows), decode speed and provenance.
+realized sparsity of `generate_until` (its decode steps) and, apart, of the scoring forwards
+(`scoring_sparsity`; `scoring_forwards` counts their rows per request type), both by the ledger's
+one definition, decode speed and provenance.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections import Counter
 from collections.abc import Mapping
@@ -37,13 +39,13 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simpl
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+from bwprune.config import build_method
+from bwprune.engine.protocol import MethodDriver
+from bwprune.engine.realized import combine
 from bwprune.errors import UserError
-from bwprune.experiment import build
 from bwprune.generation.prompts import render_messages
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.lmeval.compose import compose_from_model_args
-from bwprune.methods.base import Phase, StepContext
-from bwprune.methods.ledger import combine
 from bwprune.prepared import prepare_model
 from bwprune.records import method_name, provenance
 
@@ -77,7 +79,9 @@ class BWPruneLM(TemplateLM):
     ) -> None:
         super().__init__()
         self.cfg = compose_from_model_args(model_args or {}, batch_size)
-        method = build(self.cfg.method)  # bad method arguments fail here, before the model loads
+        method = build_method(
+            self.cfg.method
+        )  # bad method arguments fail here, before the model loads
         self.prepared = prepare_model(self.cfg, method)
         self.tokenizer = self.prepared.tokenizer
         self._device = self.prepared.device
@@ -85,6 +89,10 @@ class BWPruneLM(TemplateLM):
         self.max_length = int(self.prepared.model.config.max_position_embeddings)
         self._runners: dict[SamplingConfig, BatchedRunner] = {}
         self._sparsity: list[dict] = []  # ledger rows of generated completions
+        # Scoring forwards keep a ledger of their own (a copy of the one built before `prepare`,
+        # so fractions stay relative to the model as loaded): generation sparsity stays apart.
+        self._scoring = MethodDriver(method, copy.copy(self.prepared.ledger))
+        self._scoring_sparsity: list[dict] = []
         self._forwards: Counter[str] = Counter()  # rows scored per loglikelihood request type
         self._decode = {"tokens": 0, "seconds": 0.0}
 
@@ -228,18 +236,14 @@ class BWPruneLM(TemplateLM):
         p = self.prepared
         rows = [(ctx + cont)[-(self.max_length + 1) :][:-1] for _, ctx, cont in chunk]
         ids, attn = left_pad(rows, self.tokenizer.pad_token_id, self._device)
-        batch = len(rows)
-        finished = torch.zeros(batch, dtype=torch.bool, device=self._device)  # none yet
         keep = max(len(cont) for _, _, cont in chunk)  # rows end together: predictors are last
-        ctx = StepContext(Phase.PREFILL, 0, attn.bool(), finished)
-        p.method.begin_batch(batch)
-        p.method.begin_step(ctx)
-        logits = p.model(
+        self._scoring.start(len(rows))
+        logits = self._scoring.score(attn.bool(), lambda: p.model(
             input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
             use_cache=False, logits_to_keep=keep,
-        ).logits  # fmt: skip
-        p.method.end_step(ctx)  # prefill: the ledger does not count it
-        self._forwards[kind] += batch
+        ).logits)  # fmt: skip
+        self._scoring_sparsity += self._scoring.rows()
+        self._forwards[kind] += len(rows)
         answers = []
         for (key, _, cont), row in zip(chunk, F.log_softmax(logits.float(), dim=-1)):
             row = row[keep - len(cont) :]
@@ -284,6 +288,7 @@ class BWPruneLM(TemplateLM):
                 "batch_size": self.batch_size,
                 "realized_sparsity": combine(self._sparsity),
                 "scoring_forwards": dict(self._forwards),
+                "scoring_sparsity": combine(self._scoring_sparsity),
                 "decode_tokens_per_s": tokens / seconds if seconds else 0.0,
                 "config": OmegaConf.to_container(self.cfg, resolve=True),
                 "provenance": provenance(int(self.cfg.seed), str(self._device)),

@@ -1,37 +1,44 @@
 """The interface every pruning method implements (ours and all baselines), and the step context.
 
-The runner knows only this interface: it calls `prepare` once, enters `attach` around generation,
-`begin_batch` per batch, and `begin_step` / `end_step` around every forward. A method keeps its own
-state (scores, masks, schedule) with a row dimension where it has one, and touches the model only
-through the `HookSet` it returns from `attach`, so detaching always restores the model.
+Only `bwprune.engine.protocol.MethodDriver` calls this interface; it calls `prepare` once, and for
+every batch `begin_batch`, then `begin_step` / `end_step` around every forward, with `keep_rows`
+when rows leave the batch early. `attach` is entered around generation by whoever owns the model.
+A method keeps its own state (scores, masks, schedule); state with a row dimension must follow
+`keep_rows`. It touches the model only through the `HookSet` it returns from `attach`, so
+detaching always restores the model.
+
+Call order inside a method family is fixed by the family's base class, not by convention: a base
+class lists in `sealed` the hooks it implements as a template, and a subclass that overrides one
+of them fails at class creation, naming the hook meant for it instead.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from bwprune.engine.ledger import StepSparsity
 from bwprune.hooks import HookSet
-from bwprune.methods.ledger import StepSparsity
 from bwprune.models.adapters import ModelAdapter
 
 
 class Phase(enum.Enum):
-    PREFILL = "prefill"
+    PREFILL = "prefill"  # a prompt, or a scoring forward over given text
     DECODE = "decode"
 
 
 @dataclass(frozen=True)
 class StepContext:
-    """What the runner tells a method about the forward that is about to run (or just ran).
+    """What the driver tells a method about the forward that is about to run (or just ran).
 
     `valid` marks the tokens whose activations belong to the statistics: real prompt tokens during
     prefill, and the input token of every unfinished row during decode. Padding and rows that have
-    already produced EOS are False (paper-specs A.3.2: they must not move a batch-shared mask).
+    already stopped are False (paper-specs A.3.2: they must not move a batch-shared mask).
     """
 
     phase: Phase
@@ -48,10 +55,22 @@ class PruningMethod:
     """A training-free pruning method. Defaults are those of a method that changes nothing.
 
     `batch_coupled` is True when one row's computation can depend on the other rows of its batch
-    (a batch-shared mask); uncoupled methods must give each row the output it gets alone.
+    (a batch-shared mask); uncoupled methods must give each row the output it gets alone (the
+    contract suite, tests/contract/, holds every method to what it declares here).
     """
 
     batch_coupled: bool = False
+    sealed: ClassVar[dict[str, str]] = {}  # template hook -> the hook subclasses override instead
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in cls.__mro__[1:]:
+            for hook, instead in base.__dict__.get("sealed", {}).items():
+                if hook in cls.__dict__:
+                    raise TypeError(
+                        f"{cls.__name__} overrides {base.__name__}.{hook}, which fixes the call "
+                        f"order of its family; override {instead} instead"
+                    )
 
     def prepare(
         self, model: nn.Module, adapter: ModelAdapter, tokenizer: PreTrainedTokenizerBase
@@ -66,14 +85,17 @@ class PruningMethod:
         return HookSet()
 
     def begin_batch(self, batch_size: int) -> None:
-        """Reset per-batch state: a new batch is a new generation (scores, memory, schedule)."""
+        """`batch_size` rows enter: a new generation (fresh scores, memory, schedule)."""
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Rows leave early: from the next forward on, the batch is the current rows `index`.
+
+        A method whose state has a row dimension gathers it here; shared state stays as it is.
+        """
 
     def begin_step(self, ctx: StepContext) -> None:
         """Called before every forward (prefill and each decode step)."""
 
     def end_step(self, ctx: StepContext) -> StepSparsity | None:
-        """Called after every forward; returns what that forward skipped (None: it was dense).
-
-        Only decode steps are counted (see `bwprune.methods.ledger`).
-        """
+        """Called after every forward; returns what that forward skipped (None: it was dense)."""
         return None

@@ -3,17 +3,21 @@
 `NeuronMaskMethod` swaps a `SlicedMLP` into every layer, so a kept set turns into real smaller
 matmuls, and reads the FF activation Z (the input of down_proj) with a pre-hook when the subclass
 asks for it. Subclasses decide *when* to observe and *which* neurons to keep (paper A's periodic
-top-k, Griffin's prompt-phase top-k, ...). This module holds no selection policy.
+top-k, Griffin's prompt-phase top-k, ...) in `before_forward` / `after_forward`; the base class
+owns `begin_step` / `end_step`, so what a forward is reported to run with is always the kept set
+it really ran with. This module holds no selection policy.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
+from bwprune.engine.ledger import StepSparsity
 from bwprune.hooks import HookSet
 from bwprune.methods.base import PruningMethod, StepContext
-from bwprune.methods.ledger import StepSparsity
 from bwprune.methods.neuron_scores import normalized_sq, phase_score
 from bwprune.models.adapters import ModelAdapter
 from bwprune.models.sliced_mlp import SlicedMLP
@@ -46,11 +50,17 @@ class PhaseScores:
         """(B,) rows that contributed at least one valid token."""
         return self.count > 0
 
+    def gather(self, index: torch.Tensor) -> None:
+        """Keep the statistics of rows `index` only (rows left the batch)."""
+        self.sum_sq = [None if s is None else s[index] for s in self.sum_sq]
+        self.count = None if self.count is None else self.count[index]
+
 
 class NeuronMaskMethod(PruningMethod):
     """Base for methods whose effect is "layer l computes only the neurons in index_l"."""
 
     batch_coupled = True
+    sealed: ClassVar[dict[str, str]] = {"begin_step": "before_forward", "end_step": "after_forward"}
 
     def __init__(self) -> None:
         self.sliced: list[SlicedMLP] = []
@@ -76,10 +86,29 @@ class NeuronMaskMethod(PruningMethod):
         return read_z
 
     def begin_step(self, ctx: StepContext) -> None:
+        """Template: the subclass picks this forward's kept set, then it is snapshotted."""
+        self.before_forward(ctx)
         self._valid = ctx.valid
-        self._ran_at = self._ffn_sparsity  # what this forward computes, whatever end_step changes
+        self._ran_at = self._ffn_sparsity  # what this forward computes, whatever happens after
         if self.phase is not None:
             self.phase.count_tokens(ctx.valid)
+
+    def end_step(self, ctx: StepContext) -> StepSparsity | None:
+        """Template: reports the kept sets this forward ran with, then lets the subclass react
+        (a mask chosen in `after_forward` applies from the next forward)."""
+        ran = None if self._ran_at is None else StepSparsity(self._ran_at)
+        self.after_forward(ctx)
+        return ran
+
+    def before_forward(self, ctx: StepContext) -> None:
+        """Subclass hook: schedule, `set_kept`, start or stop observing, before the forward."""
+
+    def after_forward(self, ctx: StepContext) -> None:
+        """Subclass hook: react to what the forward observed (e.g. choose the next kept set)."""
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        if self.phase is not None:
+            self.phase.gather(index)
 
     def set_kept(self, indices: list[torch.Tensor] | None) -> None:
         """Keep `indices[l]` in layer l from the next forward on; None: every layer dense."""
@@ -97,7 +126,3 @@ class NeuronMaskMethod(PruningMethod):
         kept = torch.tensor([s.kept for s in self.sliced], dtype=torch.float64, device=device)
         d_ff = torch.tensor([s.d_ff for s in self.sliced], dtype=torch.float64, device=device)
         self._ffn_sparsity = 1.0 - kept / d_ff
-
-    def end_step(self, ctx: StepContext) -> StepSparsity | None:
-        """The kept sets this forward ran with (a mask chosen in end_step applies from the next)."""
-        return None if self._ran_at is None else StepSparsity(self._ran_at)

@@ -95,10 +95,9 @@ class BWAP(NeuronMaskMethod):
         self.memory = [None] * len(self.sliced)
         self.phase = PhaseScores(len(self.sliced)) if self.active else None  # phase 0: prompt
 
-    def begin_step(self, ctx: StepContext) -> None:
+    def before_forward(self, ctx: StepContext) -> None:
         if ctx.phase is Phase.DECODE and self.active:
             self._schedule(ctx.step)
-        super().begin_step(ctx)  # counts this step's tokens into the phase being observed
 
     # -- schedule (paper-specs A.4.1), decided before each decode step -------------------------
     def _schedule(self, step: int) -> None:

@@ -14,14 +14,15 @@ method's own.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import ClassVar
 
 import torch
 from torch import nn
 
+from bwprune.engine.ledger import StepSparsity
 from bwprune.errors import UserError, choices_error
 from bwprune.hooks import HookSet
 from bwprune.methods.base import Phase, PruningMethod, StepContext
-from bwprune.methods.ledger import StepSparsity
 from bwprune.methods.neuron_scores import AGGREGATES, aggregate
 from bwprune.models.adapters import ModelAdapter
 
@@ -34,6 +35,7 @@ class ThresholdMethod(PruningMethod):
     """
 
     prefill_fraction: float = 1.0
+    sealed: ClassVar[dict[str, str]] = {"begin_step": "install", "end_step": "install"}
 
     def __init__(
         self,

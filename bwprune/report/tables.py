@@ -5,7 +5,7 @@ ablation tables vary one argument of `ours`; all but the runs table are about ge
 benchmarks (perplexity runs have their own numbers). Runs that differ only in how many problems
 they saw (`limit`, `subset`) or in generation settings compete for one cell, and the one with the
 most problems is used (`largest_evaluations`); seeds are averaged. Every table lists its runs.
-Realized sparsity follows bwprune/methods/ledger.py (decode steps only): (a) FFN neurons over all
+Realized sparsity follows bwprune/engine/ledger.py (decode steps only): (a) FFN neurons over all
 decode steps, (c) all parameters skipped per token.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from bwprune.report.collect import method_variant
-from bwprune.speed import SPEED_COLUMNS, table_cells
+from bwprune.report.speed_table import SPEED_COLUMNS, table_cells
 
 FOOTNOTE = (
     "n = problems; values are means over seeds; acc = accuracy (pass@1); "

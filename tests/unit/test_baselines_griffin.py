@@ -16,13 +16,12 @@ from tests.unit.test_baselines_thresholds import generate
 class Recorder(Griffin):
     """Griffin that keeps, after each decode step, the index every layer computed."""
 
-    def end_step(self, ctx):
-        sparsity = super().end_step(ctx)
+    def after_forward(self, ctx):
+        super().after_forward(ctx)
         if ctx.phase is Phase.PREFILL:
             self.log = []
         else:
             self.log.append([s.index.clone() for s in self.sliced])
-        return sparsity
 
 
 def test_keeps_exactly_k_and_never_changes_after_the_prompt(tiny):
@@ -79,24 +78,18 @@ def test_bad_arguments():
 
 def test_prefill_reports_the_dense_forward_it_ran():
     """The mask Griffin picks at the end of prefill applies from the first decode step on."""
-    from bwprune.methods.base import StepContext
+    from bwprune.engine.ledger import SparsityLedger
+    from bwprune.engine.protocol import MethodDriver
 
     model, tok = tiny_model("tiny_llama")
     adapter = adapter_for(model)
     method = Griffin(0.5)
     method.prepare(model, adapter, tok)
+    driver = MethodDriver(method, SparsityLedger(adapter, torch.device("cpu")))
     ids = torch.tensor([[5, 6, 7, 8]])
     with method.attach(model, adapter):
-        method.begin_batch(1)
-        ctx = StepContext(
-            Phase.PREFILL, 0, torch.ones(1, 4, dtype=torch.bool), torch.zeros(1, dtype=torch.bool)
-        )
-        method.begin_step(ctx)
-        model(input_ids=ids)
-        assert method.end_step(ctx) is None  # prefill ran dense
-        step = StepContext(
-            Phase.DECODE, 0, torch.ones(1, 1, dtype=torch.bool), torch.zeros(1, dtype=torch.bool)
-        )
-        method.begin_step(step)
-        model(input_ids=ids[:, :1])
-        assert method.end_step(step) is not None
+        driver.start(1)
+        driver.score(torch.ones(1, 4, dtype=torch.bool), lambda: model(input_ids=ids))
+        assert driver.rows()[0]["sparse_steps"] == 0  # the prompt pass ran dense
+        driver.decode(0, torch.zeros(1, dtype=torch.bool), lambda: model(input_ids=ids[:, :1]))
+        assert driver.rows()[0]["sparse_steps"] == 1  # its mask applies from the first step

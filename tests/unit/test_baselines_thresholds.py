@@ -1,5 +1,6 @@
 """TEAL and CATS (threshold methods) and the layer-by-layer calibration they share."""
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,9 @@ from baselines.dense import Dense
 from baselines.teal import TEAL, histogram, icdf
 from bwprune.calibration import calibration_windows
 from bwprune.config import package_data_dir
+from bwprune.engine.ledger import SparsityLedger
+from bwprune.engine.protocol import MethodDriver
 from bwprune.errors import UserError
-from bwprune.methods.base import Phase, StepContext
 from bwprune.methods.calibrated import LayerStream, calibration_artifact
 from bwprune.models.adapters import adapter_for
 from tests.conftest import PROMPTS, chat, tiny_model
@@ -40,26 +42,20 @@ def held_out(calibration):
 
 
 @torch.no_grad()
-def teacher_forced(model, method, ids: torch.Tensor) -> list:
-    """Feed `ids` (B, T) one token per decode step (all rows active); the StepSparsity list."""
+def teacher_forced(model, method, ids: torch.Tensor) -> torch.Tensor:
+    """Feed `ids` (B, T) one token per decode step (all rows active) through the driver; the
+    (B,) realized FFN sparsity (a) of each row."""
     adapter = adapter_for(model)
     cache = DynamicCache(config=model.config)
     batch = ids.shape[0]
-    steps = []
+    driver = MethodDriver(method, SparsityLedger(adapter, ids.device))
     with method.attach(model, adapter):
-        method.begin_batch(batch)
+        driver.start(batch)
         for t in range(ids.shape[1]):
-            ctx = StepContext(Phase.DECODE, t, torch.ones(batch, 1, dtype=torch.bool),
-                              torch.zeros(batch, dtype=torch.bool))  # fmt: skip
-            method.begin_step(ctx)
-            model(input_ids=ids[:, t : t + 1], cache=cache, use_cache=True)
-            steps.append(method.end_step(ctx))
-    return steps
-
-
-def realized_ffn(steps) -> torch.Tensor:
-    """(B,) mean over steps and layers of the reported FFN fraction."""
-    return torch.stack([s.ffn.expand(s.params.shape[0], -1) for s in steps]).mean(dim=(0, 2))
+            driver.decode(t, torch.zeros(batch, dtype=torch.bool), partial(
+                model, input_ids=ids[:, t : t + 1], cache=cache, use_cache=True
+            ))  # fmt: skip
+    return torch.tensor([row["ffn"] for row in driver.rows()])
 
 
 def generate(model, tok, method, prompts, n=12):
@@ -142,7 +138,7 @@ def test_calibrated_threshold_realizes_rho_at_batch_one(name, calibration, held_
     for rho in (0.3, 0.6):
         method = METHODS[name](rho, shared_mask=False, calibration=calibration)
         method.prepare(model, adapter_for(model), tok)
-        realized = realized_ffn(teacher_forced(model, method, held_out[:2, :32])).mean()
+        realized = teacher_forced(model, method, held_out[:2, :32]).mean()
         assert realized == pytest.approx(rho, abs=0.05)
 
 
@@ -170,7 +166,7 @@ def test_shared_mask_realized_sparsity_falls_as_the_batch_grows(name, calibratio
     def realized(batch: int, **kw) -> float:
         method = METHODS[name](0.5, calibration=calibration, **kw)
         method.prepare(model, adapter_for(model), tok)
-        return float(realized_ffn(teacher_forced(model, method, ids[:batch])).mean())
+        return float(teacher_forced(model, method, ids[:batch]).mean())
 
     alone = realized(1, shared_mask=False)
     assert realized(1, shared_mask=True) == pytest.approx(alone)  # a batch of one: per token
@@ -178,15 +174,23 @@ def test_shared_mask_realized_sparsity_falls_as_the_batch_grows(name, calibratio
     assert realized(8, shared_mask=True, aggregate="max") < alone - 0.05
 
 
+def hand_driver(method) -> MethodDriver:
+    """A driver for hand-made activations: its "forward" calls the method's keep rule."""
+    adapter = adapter_for(tiny_model("tiny_llama")[0])
+    method._num_layers = len(adapter.layers)
+    return MethodDriver(method, SparsityLedger(adapter, torch.device("cpu")))
+
+
 def test_shared_mask_ignores_finished_rows():
     method = TEAL(0.5, calibration={"x": 1})
-    method._num_layers = 1
+    driver = hand_driver(method)
     magnitude = torch.tensor([[[1.0, 0.2, 0.6]], [[0.0, 9.0, 9.0]]])  # (B=2, T=1, D=3)
 
     def keep(active: list[bool]) -> list[bool]:
-        active = torch.tensor(active)
-        method.begin_step(StepContext(Phase.DECODE, 0, active[:, None], ~active))
-        return method.keep(0, magnitude, 0.5, 0.0, 1.0)[0, 0].tolist()
+        driver.start(2)
+        finished = ~torch.tensor(active)
+        keep = driver.decode(0, finished, lambda: method.keep(0, magnitude, 0.5, 0.0, 1.0))
+        return keep[0, 0].tolist()
 
     assert keep([True, True]) == [False, True, True]  # mean of both rows vs t = 0.5
     assert keep([True, False]) == [True, False, True]  # row 1 finished: row 0 alone
@@ -194,10 +198,12 @@ def test_shared_mask_ignores_finished_rows():
 
 def test_teal_prefill_rule_thresholds_the_last_half_of_each_prompt():
     method = TEAL(0.5, calibration={"x": 1})
+    driver = hand_driver(method)
     valid = torch.tensor([[False, False, True, True, True], [True, True, True, True, True]])
-    method.begin_step(StepContext(Phase.PREFILL, 0, valid, torch.zeros(2, dtype=torch.bool)))
+    driver.start(2)
+    thresholded = driver.prefill(valid, lambda: method._thresholded.tolist())
     expected = [[False, False, False, False, True], [False, False, False, True, True]]
-    assert method._thresholded.tolist() == expected  # ⌊3/2⌋ = 1 and ⌊5/2⌋ = 2 last tokens
+    assert thresholded == expected  # ⌊3/2⌋ = 1 and ⌊5/2⌋ = 2 last tokens
 
 
 @pytest.mark.parametrize("name", METHODS)

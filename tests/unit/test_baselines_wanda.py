@@ -10,11 +10,11 @@ from omegaconf import OmegaConf
 from baselines.wanda import Wanda, parse_pattern, wanda_mask
 from bwprune.calibration import calibration_windows, run_calibration
 from bwprune.config import package_data_dir
+from bwprune.engine.ledger import SparsityLedger
 from bwprune.errors import UserError
-from bwprune.methods.base import Phase, StepContext
 from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
-from tests.conftest import CONF_DIR
+from tests.conftest import CONF_DIR, reported
 
 LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
 
@@ -34,11 +34,13 @@ def cal(tmp_path):
 
 
 def pruned(pattern, cal, sparsity=0.5):
+    """(pruned model, method, dense weights, a ledger of the model as loaded)."""
     model, tok = fresh_model()
     dense = {n: p.clone() for n, p in model.named_parameters()}
+    ledger = SparsityLedger(adapter_for(model), torch.device("cpu"))
     method = Wanda(sparsity, pattern=pattern, calibration=cal)
     method.prepare(model, adapter_for(model), tok)
-    return model, method, dense
+    return model, method, dense, ledger
 
 
 def linears(model):
@@ -48,29 +50,29 @@ def linears(model):
 
 
 def test_unstructured_zeroes_exactly_the_fraction_in_every_row(cal):
-    model, _, _ = pruned("unstructured", cal)
+    model, *_ = pruned("unstructured", cal)
     for lin in linears(model):
         zeros = (lin.weight == 0).sum(dim=1)
         assert torch.all(zeros == lin.in_features // 2)
 
 
 def test_two_four_holds_in_every_group(cal):
-    model, method, dense = pruned("2:4", cal)
+    model, method, dense, ledger = pruned("2:4", cal)
     for lin in linears(model):
         groups = (lin.weight == 0).reshape(lin.out_features, -1, 4).sum(dim=-1)
         assert torch.all(groups == 2)
-    step = method.end_step(StepContext(Phase.DECODE, 0, torch.ones(1, 1, dtype=torch.bool),
-                                       torch.zeros(1, dtype=torch.bool)))  # fmt: skip
-    assert step.ffn.tolist() == [0.5, 0.5]  # half of every gate/up/down weight
-    assert float(step.params) == sum(lin.weight.numel() // 2 for lin in linears(model))
+    row = reported(method, ledger)
+    assert row["per_layer"] == [0.5, 0.5]  # half of every gate/up/down weight
+    zeroed = sum(lin.weight.numel() // 2 for lin in linears(model))
+    assert row["params"] == pytest.approx(zeroed / ledger.total_params)
     untouched = [n for n in dense if "proj" not in n]  # embeddings, norms, lm_head
     assert all(torch.equal(dense[n], dict(model.named_parameters())[n]) for n in untouched)
 
 
 def test_sparsity_zero_changes_nothing(cal):
-    model, method, dense = pruned("2:4", cal, sparsity=0.0)
+    model, method, dense, ledger = pruned("2:4", cal, sparsity=0.0)
     assert all(torch.equal(dense[n], p) for n, p in model.named_parameters())
-    assert method.end_step(None) is None
+    assert reported(method, ledger)["sparse_steps"] == 0
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
 
 

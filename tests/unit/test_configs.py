@@ -4,8 +4,10 @@ from pathlib import Path
 
 import pytest
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 
-from bwprune.experiment import build
+from bwprune.config import build, build_method
+from bwprune.errors import UserError
 from bwprune.records import run_key
 from tests.conftest import CONF_DIR, compose_cfg
 
@@ -28,8 +30,16 @@ def test_every_option_composes(group):
 
 
 @pytest.mark.parametrize("method", options("method"))
-def test_every_method_instantiates(method):
-    assert build(compose_cfg([f"method={method}"]).method) is not None
+def test_every_method_instantiates_under_its_config_name(method):
+    cfg = compose_cfg([f"method={method}"])
+    assert build_method(cfg.method) is not None
+    assert run_key(cfg).split("/")[2] == method  # the run key names the config choice
+
+
+def test_a_method_config_without_a_name_is_refused():
+    node = OmegaConf.create({"_target_": "baselines.dense.Dense"})
+    with pytest.raises(UserError, match="lacks `name`"):
+        build_method(node)
 
 
 @pytest.mark.parametrize("benchmark", options("benchmark"))

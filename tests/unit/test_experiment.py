@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from bwprune.errors import UserError
-from bwprune.experiment import rescore, run
+from bwprune.experiment import run
 from bwprune.generation.runner import BatchedRunner
 from bwprune.records import RunRecorder, run_key
+from bwprune.rescore import rescore
 
 TINY = ["model=tiny_llama", "limit=6", "batch_size=4"]
 

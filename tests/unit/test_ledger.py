@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from bwprune.methods.ledger import SparsityLedger, StepSparsity, combine
+from bwprune.engine.ledger import SparsityLedger, StepSparsity
+from bwprune.engine.realized import combine
 from bwprune.models.adapters import adapter_for
 
 

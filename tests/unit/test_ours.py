@@ -31,8 +31,8 @@ class Recorder(BWAP):
         super().begin_batch(batch_size)
         self.log = []
 
-    def begin_step(self, ctx):
-        super().begin_step(ctx)
+    def before_forward(self, ctx):
+        super().before_forward(ctx)
         if ctx.phase is Phase.DECODE:
             kept = [None if s.index is None else s.index.clone() for s in self.sliced]
             memory = [None if m is None else m.clone() for m in self.memory]
@@ -131,22 +131,21 @@ def test_bad_arguments(kw, message):
 def test_finished_rows_do_not_change_the_batch_score(tiny):
     """During decode a finished row still runs through the model (fed padding); its
     activations must not enter the phase scores."""
-    from bwprune.methods.base import StepContext
+    from bwprune.engine.ledger import SparsityLedger
+    from bwprune.engine.protocol import MethodDriver
     from bwprune.methods.neuron_scores import aggregate
 
     model, tok = tiny
     adapter = adapter_for(model)
     method = BWAP(0.5)
     method.prepare(model, adapter, tok)
+    driver = MethodDriver(method, SparsityLedger(adapter, torch.device("cpu")))
     ids = torch.tensor([[5, 6, 7], [9, 200, 31]])
 
     def batch_score(rows, valid):
         with method.attach(model, adapter):
-            method.begin_batch(len(rows))
-            method.begin_step(
-                StepContext(Phase.PREFILL, 0, valid, torch.zeros(len(rows), dtype=torch.bool))
-            )
-            model(input_ids=ids[rows])
+            driver.start(len(rows))
+            driver.prefill(valid, lambda: model(input_ids=ids[rows]))
             return aggregate(method.phase.scores(0), method.phase.rows, "max")
 
     alone = batch_score([0], torch.ones(1, 3, dtype=torch.bool))

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from bwprune.engine.realized import combine
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.methods.base import PruningMethod
-from bwprune.methods.ledger import combine
 from bwprune.methods.ours import BWAP
 from bwprune.models.adapters import adapter_for
 from bwprune.report import figures

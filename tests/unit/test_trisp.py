@@ -15,12 +15,13 @@ from baselines.trisp.calibrate import collect_statistics, next_token_loss
 from baselines.trisp.prune import prune_layer, record_structure
 from baselines.trisp.scores import channel_scores, plan_pruning, standardize, unit_costs
 from bwprune.calibration import calibration_windows
+from bwprune.config import build_method
+from bwprune.engine.ledger import SparsityLedger
 from bwprune.errors import UserError
-from bwprune.experiment import build
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.models.adapters import adapter_for
 from bwprune.records import method_name
-from tests.conftest import PROMPTS, TINY_MODELS, chat, compose_cfg, tiny_model
+from tests.conftest import PROMPTS, TINY_MODELS, chat, compose_cfg, reported, tiny_model
 
 VALID = Path(__file__).resolve().parents[2] / "bwprune" / "data" / "wikitext2" / "valid.txt"
 
@@ -235,13 +236,15 @@ def test_method_prepares_and_reports_realized_sparsity(setup, text_file, tmp_pat
     adapter = adapter_for(pruned)
     d_ff = torch.tensor([f.d_ff for f in adapter.ffns()], dtype=torch.float64)
     before = adapter.num_params()
+    ledger = SparsityLedger(adapter, torch.device("cpu"))  # the model as loaded
     method = TriSP(0.4, calib(text_file, cache_dir=str(tmp_path)), recovery="bias")
-    assert method.end_step(None) is None
+    assert reported(method, ledger)["sparse_steps"] == 0  # nothing removed before `prepare`
     method.prepare(pruned, adapter, tok)
-    step = method.end_step(None)
+    row = reported(method, ledger)
     kept = torch.tensor([f.d_ff for f in adapter.ffns()], dtype=torch.float64)
-    torch.testing.assert_close(step.ffn, 1 - kept / d_ff)
-    assert float(step.params) == before - adapter.num_params() > 0
+    assert row["per_layer"] == pytest.approx((1 - kept / d_ff).tolist(), abs=1e-6)
+    assert row["params"] * before == pytest.approx(before - adapter.num_params())
+    assert before > adapter.num_params()
     assert list((tmp_path / "calibration" / "trisp").rglob("artifact.pt"))  # cached statistics
     again = copy.deepcopy(model)
     TriSP(0.4, calib(text_file, cache_dir=str(tmp_path))).prepare(again, adapter_for(again), tok)
@@ -276,7 +279,7 @@ def test_bad_arguments_name_value_and_choices(kwargs, match):
 
 def test_config_composes_and_instantiates():
     cfg = compose_cfg(["method=trisp", "sparsity=0.2", "method.recovery=lora"])
-    method = build(cfg.method)
+    method = build_method(cfg.method)
     assert isinstance(method, TriSP) and method_name(cfg) == "trisp"
     assert method.sparsity == 0.2 and method.recovery == "lora" and method.lora.rank == 8
     assert method.calibration["text_file"].endswith("wikitext2/valid.txt")

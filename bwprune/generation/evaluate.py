@@ -1,0 +1,76 @@
+"""A benchmark's batches through the runner: generate, score, record — one batch at a time.
+
+Samples are on disk after every batch (with their batch's timing), so an interrupted run loses at
+most the batch in flight; a resumed run regenerates exactly the batches with a missing pair, cut
+as in the first attempt, because a batch-shared mask depends on who else is in the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from bwprune.benchmarks.base import Benchmark, Example
+from bwprune.generation.prompts import batch_prompts
+from bwprune.generation.runner import SamplingConfig
+from bwprune.methods.base import PruningMethod
+from bwprune.prepared import prepare_model
+from bwprune.quality import DenseReference, dense_references, forced_quality
+from bwprune.records import RunRecorder, sample_row, timing_row
+from bwprune.scoring.common import prompt_opens_think
+
+log = logging.getLogger(__name__)
+
+
+def generate_missing(
+    cfg: DictConfig,
+    benchmark: Benchmark,
+    method: PruningMethod,
+    batches: list[list[tuple[Example, int]]],
+    recorder: RunRecorder,
+) -> str:
+    """Generate every batch that has a (problem, sample) not yet on disk; returns the device."""
+    done = recorder.done_keys()
+    todo = [b for b in batches if any((e.index, k) not in done for e, k in b)]
+    if not todo:
+        return str(cfg.model.device)
+    if done:
+        log.info("resuming %s: %d examples already recorded", recorder.dir, len(done))
+    references: list[DenseReference] = []
+    prepared = prepare_model(
+        cfg, method, lambda p: references.extend(dense_references(cfg, p, todo))
+    )
+    model, tokenizer, adapter = prepared.model, prepared.tokenizer, prepared.adapter
+    gen = cfg.generation
+    sampling = SamplingConfig(gen.max_new_tokens, gen.do_sample, gen.temperature, gen.top_p)
+    runner = prepared.runner(sampling, cfg.seed)
+    correct = tokens = scored = 0
+    decode_s = 0.0
+    bar = tqdm(todo, desc=recorder.key, unit="batch", disable=not cfg.progress)
+    with method.attach(model, adapter):
+        for number, batch in enumerate(bar):
+            prompts = batch_prompts(tokenizer, cfg.model, batch)
+            ids, attn = runner.encode(prompts)
+            completions, timing = runner.generate_tokens(ids, attn)
+            quality = (
+                forced_quality(runner, ids, attn, references[number])
+                if references
+                else [None] * len(batch)
+            )
+            rows = []
+            for (e, k), prompt, c, q in zip(batch, prompts, completions, quality):
+                if (e.index, k) not in done:
+                    think_open = prompt_opens_think(prompt)
+                    score = benchmark.score(c.text, e.gold, think_open)
+                    rows.append(sample_row(e, k, c, score, think_open, q))
+            recorder.append(rows, timing_row(batch, timing))
+            scored += len(rows)
+            correct += sum(r["correct"] is True for r in rows)
+            tokens += timing.decode_tokens
+            decode_s += timing.decode_s
+            bar.set_postfix(
+                acc=f"{correct / scored:.3f}", tok_s=f"{tokens / max(decode_s, 1e-9):.1f}"
+            )
+    return str(runner.device)

@@ -1,0 +1,164 @@
+"""The method contract: every `conf/method/*.yaml` (and the per-token variant of a method with a
+`shared_mask` switch) is held to the invariants the paper depends on. A new method gets the suite
+by adding its config file. Each forward runs through the one driver (`BatchedRunner` ->
+`MethodDriver`), teacher-forced on a fixed continuation, so outputs are compared step by step.
+
+- its neutral setting (ρ = 0) is exactly dense;
+- leaving `attach` restores the model bit for bit;
+- junk in left padding and in finished rows changes no batch-shared decision;
+- a method that is not `batch_coupled` gives each row the output it gets alone;
+- the ledger equals the parameters the forward really left out (counted from the tensors);
+- the call order of a family's hooks is enforced by its base class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from bwprune.config import build_method, package_data_dir
+from bwprune.engine.ledger import SparsityLedger
+from bwprune.generation.runner import BatchedRunner, Forcing, SamplingConfig
+from bwprune.methods.neuron_mask import NeuronMaskMethod
+from bwprune.methods.thresholds import ThresholdMethod
+from bwprune.models.adapters import adapter_for
+from bwprune.models.loading import load_model
+from tests.conftest import CONF_DIR, compose_cfg
+from tests.contract.oracle import SkipOracle
+
+METHODS = sorted(p.stem for p in (Path(CONF_DIR) / "method").glob("*.yaml"))
+PER_TOKEN = [m for m in METHODS if "shared_mask" in (Path(CONF_DIR) / "method" / f"{m}.yaml")
+             .read_text()]  # fmt: skip
+VARIANTS = [(m, ()) for m in METHODS] + [(m, ("method.shared_mask=false",)) for m in PER_TOKEN]
+IDS = [m + ("-per_token" if extra else "") for m, extra in VARIANTS]
+STEPS = 32  # forced decode steps: past ours' t_init = 8 and into its first sparse period
+JUNK = 7  # a token id fed where the method must not look
+
+
+@pytest.fixture(scope="module")
+def calibration_overrides(tmp_path_factory) -> list[str]:
+    """A small calibration set (the byte tokenizer is slow on the whole file), cached per module."""
+    folder = tmp_path_factory.mktemp("contract")
+    text = folder / "valid_head.txt"
+    source = Path(package_data_dir()) / "wikitext2" / "valid.txt"
+    text.write_text(source.read_text(encoding="utf-8")[:20_000])
+    return [f"calibration.text_file={text}", "calibration.num_sequences=4",
+            "calibration.seq_len=64", f"paths.cache_dir={folder}"]  # fmt: skip
+
+
+def continuation(prompt: list[int]) -> torch.Tensor:
+    """The (STEPS,) tokens forced after `prompt`: the same for a row alone and in a batch."""
+    return torch.randint(3, 300, (STEPS,), generator=torch.Generator().manual_seed(sum(prompt)))
+
+
+class Setup:
+    """A fresh tiny model (methods may edit weights), its ledger as loaded, the built method."""
+
+    def __init__(self, name: str, overrides: list[str], family: str = "tiny_llama") -> None:
+        cfg = compose_cfg([f"model={family}", f"method={name}", *overrides])
+        cfg.model.device = "cpu"
+        self.model, self.tok = load_model(cfg.model, cache_dir="unused")
+        self.adapter = adapter_for(self.model)
+        self.ledger = SparsityLedger(self.adapter, torch.device("cpu"))
+        self.method = build_method(cfg.method)
+        self.method.prepare(self.model, self.adapter, self.tok)
+
+    def run(self, rows: list[list[int]], lengths: list[int], pad: int | None = None,
+            filler: int | None = None, inside=None) -> tuple[torch.Tensor, list[dict]]:  # fmt: skip
+        """Teacher-force STEPS tokens after left-padded prompts `rows`; row b stops after
+        `lengths[b]` tokens. `pad` fills prompt padding, `filler` what finished rows are fed
+        (defaults: the tokenizer's pad); `inside` is entered within `attach`.
+        Returns (steps, B, V) logits and the ledger rows."""
+        width = max(map(len, rows))
+        pad_id = self.tok.pad_token_id
+        ids = torch.full((len(rows), width), pad_id if pad is None else pad)
+        attn = torch.zeros(len(rows), width, dtype=torch.long)
+        for b, r in enumerate(rows):
+            ids[b, width - len(r) :], attn[b, width - len(r) :] = torch.tensor(r), 1
+        forced = Forcing(torch.stack([continuation(r) for r in rows]), torch.tensor(lengths))
+        runner = BatchedRunner(self.model, self.tok, self.method, self.adapter,
+                               SamplingConfig(STEPS), ledger=self.ledger)  # fmt: skip
+        if filler is not None:
+            runner.pad_id = filler
+        logits: list[torch.Tensor] = []
+        with self.method.attach(self.model, self.adapter), inside or contextlib.nullcontext():
+            completions, _ = runner.generate_tokens(
+                ids, attn, forced=forced, observe=lambda i, x: logits.append(x.clone())
+            )
+        return torch.stack(logits), [c.sparsity for c in completions]
+
+
+PROMPTS = [list(range(40, 52)), list(range(90, 97))]  # 12 and 7 tokens: the second is padded
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_neutral_setting_is_exactly_dense(name, calibration_overrides):
+    dense, _ = Setup("dense", calibration_overrides).run(PROMPTS, [STEPS, STEPS])
+    logits, rows = Setup(name, [*calibration_overrides, "sparsity=0"]).run(PROMPTS, [STEPS, STEPS])
+    assert torch.equal(logits, dense)
+    assert all(r["sparse_steps"] == 0 and r["params"] == 0 for r in rows)
+
+
+@pytest.mark.parametrize(("name", "extra"), VARIANTS, ids=IDS)
+def test_leaving_attach_restores_the_model(name, extra, calibration_overrides):
+    s = Setup(name, [*calibration_overrides, *extra])
+    probe = torch.tensor([PROMPTS[0]])
+    before = s.model(input_ids=probe).logits
+    modules = [(n, type(m)) for n, m in s.model.named_modules()]
+    params = {n: p.clone() for n, p in s.model.named_parameters()}
+    s.run(PROMPTS, [STEPS, 5])
+    assert [(n, type(m)) for n, m in s.model.named_modules()] == modules
+    assert all(torch.equal(params[n], p) for n, p in s.model.named_parameters())
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in s.model.modules())
+    assert torch.equal(s.model(input_ids=probe).logits, before)
+
+
+@pytest.mark.parametrize(("name", "extra"), VARIANTS, ids=IDS)
+def test_junk_in_padding_and_finished_rows_steers_nothing(name, extra, calibration_overrides):
+    """Row 1 is left-padded and stops after 3 tokens; what its padding holds and what it is fed
+    once finished must not move row 0's outputs (they depend on every batch-shared decision)."""
+    s = Setup(name, [*calibration_overrides, *extra])
+    clean, clean_rows = s.run(PROMPTS, [STEPS, 3])
+    junk, junk_rows = s.run(PROMPTS, [STEPS, 3], pad=JUNK, filler=JUNK + 100)
+    assert torch.equal(junk[:, 0], clean[:, 0])
+    assert junk_rows[0] == clean_rows[0]
+
+
+@pytest.mark.parametrize(("name", "extra"), VARIANTS, ids=IDS)
+def test_uncoupled_rows_get_the_output_they_get_alone(name, extra, calibration_overrides):
+    s = Setup(name, [*calibration_overrides, *extra])
+    if s.method.batch_coupled:
+        pytest.skip(f"{name} shares decisions across its batch (batch_coupled)")
+    together, rows = s.run(PROMPTS, [STEPS, STEPS])
+    for b, prompt in enumerate(PROMPTS):
+        alone, alone_rows = s.run([prompt], [STEPS])
+        # Batched float32 matmuls differ from batch-1 ones in the last bits.
+        torch.testing.assert_close(together[:, b], alone[:, 0], atol=1e-4, rtol=1e-4)
+        assert rows[b]["params"] == pytest.approx(alone_rows[0]["params"], abs=1e-3)
+
+
+@pytest.mark.parametrize("family", ["tiny_llama", "tiny_qwen2"])
+@pytest.mark.parametrize(("name", "extra"), VARIANTS, ids=IDS)
+def test_ledger_counts_what_the_forward_left_out(name, extra, family, calibration_overrides):
+    """Per row, the ledger's parameters skipped per decode token (c) equals a count made from the
+    tensors themselves: weights that are absent, zero, meet a zero input, or feed a product
+    whose other factor is zero (`SkipOracle`)."""
+    s = Setup(name, [*calibration_overrides, *extra], family)
+    oracle = SkipOracle(s.model, s.adapter, s.ledger.total_params)
+    _, rows = s.run(PROMPTS, [STEPS, 20], inside=oracle)
+    counted = oracle.per_row([STEPS - 1, 19])  # decode steps: the first token comes from prefill
+    for row, expected in zip(rows, counted):
+        assert row["params"] == pytest.approx(expected, rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize(("family", "template"), [(NeuronMaskMethod, "before_forward"),
+                                                  (ThresholdMethod, "install")])  # fmt: skip
+def test_a_family_fixes_its_call_order(family, template):
+    with pytest.raises(TypeError, match=template):
+
+        class Reordered(family):
+            def begin_step(self, ctx):
+                pass

@@ -1,0 +1,91 @@
+"""The one driver of the method protocol: who may call it, what it records, rows that leave."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bwprune.engine.ledger import SparsityLedger, StepSparsity
+from bwprune.engine.protocol import MethodDriver
+from bwprune.methods.base import Phase, PruningMethod
+from bwprune.models.adapters import adapter_for
+from tests.conftest import tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+PROTOCOL = re.compile(r"(?<!super\(\))(?<!self)\.(begin_batch|begin_step|end_step)\(")
+
+
+def test_only_the_driver_calls_the_protocol():
+    """Anything else that calls a method's hooks is a second driver (and a second definition of
+    what is measured). A family's template may call its own hooks through `self`/`super()`."""
+    callers = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for folder in ("bwprune", "baselines", "scripts", "tests", "notebooks")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path != ROOT / "bwprune" / "engine" / "protocol.py"
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if PROTOCOL.search(line)
+    ]
+    assert callers == []
+
+
+class Scripted(PruningMethod):
+    """Reports 0.5 of every layer on decode steps and on scoring forwards; logs the phases."""
+
+    def __init__(self) -> None:
+        self.phases: list[Phase] = []
+
+    def end_step(self, ctx):
+        self.phases.append(ctx.phase)
+        return StepSparsity(torch.full((2,), 0.5))
+
+
+def driver() -> tuple[MethodDriver, Scripted]:
+    method = Scripted()
+    ledger = SparsityLedger(adapter_for(tiny_model("tiny_llama")[0]), torch.device("cpu"))
+    return MethodDriver(method, ledger), method
+
+
+def test_measured_forwards_are_decode_steps_and_scoring_forwards_only():
+    d, method = driver()
+    d.start(2)
+    d.prefill(torch.ones(2, 5, dtype=torch.bool), lambda: None)  # a prompt: not measured
+    d.decode(0, torch.tensor([False, False]), lambda: None)
+    d.decode(1, torch.tensor([False, True]), lambda: None)  # row 1 has stopped
+    assert [r["decode_steps"] for r in d.rows()] == [2, 1]
+    d.start(2)
+    d.score(torch.tensor([[True, True], [False, False]]), lambda: None)  # row 1: no token
+    assert [r["decode_steps"] for r in d.rows()] == [1, 0]
+    assert method.phases == [Phase.PREFILL, Phase.DECODE, Phase.DECODE, Phase.PREFILL]
+
+
+def test_rows_that_leave_keep_their_totals_in_their_original_place():
+    d, _ = driver()
+    d.start(3)
+    d.decode(0, torch.zeros(3, dtype=torch.bool), lambda: None)
+    d.keep_rows(torch.tensor([0, 2]))  # row 1 leaves after one step
+    d.decode(1, torch.zeros(2, dtype=torch.bool), lambda: None)
+    d.keep_rows(torch.tensor([1]))  # then row 0 (current index 0) leaves too
+    d.decode(2, torch.zeros(1, dtype=torch.bool), lambda: None)
+    assert [r["decode_steps"] for r in d.rows()] == [2, 1, 3]
+    assert all(r["ffn"] == pytest.approx(0.5) for r in d.rows())
+
+
+def test_records_and_report_import_no_torch():
+    """Tables, rescoring and the W&B source run where no model does (and start fast)."""
+    modules = (
+        "bwprune.records",
+        "bwprune.rescore",
+        "bwprune.selection",
+        "bwprune.report.tables",
+        "bwprune.report.collect",
+        "bwprune.report.figures",
+        "bwprune.report.wandb_source",
+    )
+    code = f"import sys; import {', '.join(modules)}; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
