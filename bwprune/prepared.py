@@ -16,7 +16,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from bwprune.engine.ledger import SparsityLedger
-from bwprune.generation.runner import BatchedRunner, SamplingConfig
+from bwprune.generation.runner import BatchedRunner, EngineConfig, SamplingConfig
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import ModelAdapter, adapter_for
 from bwprune.models.loading import load_model
@@ -36,11 +36,12 @@ class PreparedModel:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def runner(self, sampling: SamplingConfig, seed: int) -> BatchedRunner:
-        """A batched runner on this model; runners made here share the one ledger."""
-        return BatchedRunner(
-            self.model, self.tokenizer, self.method, self.adapter, sampling, seed, self.ledger
-        )
+    def runner(self, sampling: SamplingConfig, seed: int, generation: DictConfig) -> BatchedRunner:
+        """A batched runner on this model, its engine set by the `generation` config node;
+        runners made here share the one ledger."""
+        engine = EngineConfig.from_config(generation, self.device)
+        return BatchedRunner(self.model, self.tokenizer, self.method, self.adapter, sampling,
+                             seed, self.ledger, engine)  # fmt: skip
 
 
 def prepare_model(

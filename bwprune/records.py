@@ -40,6 +40,8 @@ if TYPE_CHECKING:  # types only: importing them would pull torch into the report
 NON_IDENTITY_KEYS = (
     "logger", "paths", "tags", "exp_name", "progress", "sparsity", "calibration", "hydra",
 )  # fmt: skip
+# How the decode loop runs, never what it computes (tested token for token): not identity.
+ENGINE_KEYS = ("kv_cache", "compile", "compile_backend", "compaction")
 VERSIONED_PACKAGES = ("torch", "transformers", "math-verify", "hydra-core", "bwprune")
 
 
@@ -55,9 +57,12 @@ def target_sparsity(cfg: DictConfig) -> float:
 
 def identity(cfg: DictConfig) -> dict:
     """The resolved config without the keys that cannot change the outputs (the method's `name`
-    is in the run key itself; its arguments and `_target_` are what the hash must see)."""
+    is in the run key itself, its arguments and `_target_` are what the hash must see; the
+    engine settings change speed only)."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved.get("method", {}).pop("name", None)
+    for key in ENGINE_KEYS:
+        resolved.get("generation", {}).pop(key, None)
     return _drop_cache_dirs({k: v for k, v in resolved.items() if k not in NON_IDENTITY_KEYS})
 
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from bwprune.engine.ledger import SparsityLedger
 from bwprune.engine.realized import combine
-from bwprune.generation.runner import BatchedRunner, SamplingConfig
+from bwprune.generation.runner import BatchedRunner, EngineConfig, Forcing, SamplingConfig
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import ModelAdapter
 
@@ -82,43 +82,56 @@ def measure(
     seed: int = 0,
     with_hf_generate: bool = True,
     log: Callable[[str], None] = lambda _: None,
+    engines: Mapping[str, EngineConfig] | None = None,
 ) -> list[dict]:
-    """One row per (batch size, method): timings with spread, speedup vs dense, bounds.
+    """One row per (batch size, method, engine): timings with spread, speedup vs dense, bounds.
 
     `methods` must contain "dense"; each method must already be prepared. Prompts are random
-    token ids of `prompt_len` (no padding), the same for every method.
+    token ids of `prompt_len` (no padding), the same for every method. `engines` maps a label to
+    an engine (default: the eager engine alone); rows of engine `e` are labelled `method@e`
+    (plain `method` for `eager`) and their speedups are against `dense` on the same engine.
+    Runners are made once and reused, so a compiled step is compiled during warm-up only.
     """
+    engines = engines or {"eager": EngineConfig()}
     device = next(model.parameters()).device
     dense_bytes, ffn_bytes = decode_weight_bytes(model, adapter)
     sampling = SamplingConfig(new_tokens, ignore_eos=True)
+    runners = {
+        _label(name, engine): BatchedRunner(
+            model, tokenizer, method, adapter, sampling, engine=config,
+            ledger=SparsityLedger(adapter, device),
+        )
+        for engine, config in engines.items()
+        for name, method in methods.items()
+    }  # fmt: skip
     gen = torch.Generator().manual_seed(seed)
     rows = []
     for batch in batch_sizes:
         ids = torch.randint(3, min(tokenizer.vocab_size, 1000), (batch, prompt_len), generator=gen)
         ids, attn = ids.to(device), torch.ones(batch, prompt_len, dtype=torch.long, device=device)
-        samples: dict[str, list[dict]] = {name: [] for name in methods}
+        samples: dict[str, list[dict]] = {label: [] for label in runners}
         if with_hf_generate:
             samples[HF_GENERATE] = []
         order = list(samples)
         for rep in range(warmup + repeats):
-            for name in order if rep % 2 == 0 else order[::-1]:
-                if name == HF_GENERATE:
+            for label in order if rep % 2 == 0 else order[::-1]:
+                if label == HF_GENERATE:
                     result = {"e2e_s": _time_hf_generate(model, ids, new_tokens)}
                 else:
-                    result = _run_once(
-                        model, tokenizer, adapter, methods[name], sampling, ids, attn
-                    )
+                    result = _run_once(runners[label], adapter, ids, attn)
                 if rep >= warmup:
-                    samples[name].append(result)
+                    samples[label].append(result)
             log(f"batch {batch}: repeat {rep + 1}/{warmup + repeats} done")
         rows += _summarize(batch, samples, dense_bytes, ffn_bytes)
     return rows
 
 
-def _run_once(model, tokenizer, adapter, method, sampling, ids, attn) -> dict:
-    ledger = SparsityLedger(adapter, ids.device)
-    runner = BatchedRunner(model, tokenizer, method, adapter, sampling, ledger=ledger)
-    with method.attach(model, adapter):
+def _label(method: str, engine: str) -> str:
+    return method if engine == "eager" else f"{method}@{engine}"
+
+
+def _run_once(runner: BatchedRunner, adapter: ModelAdapter, ids, attn) -> dict:
+    with runner.method.attach(runner.model, adapter):
         completions, timing = runner.generate_tokens(ids, attn)
     sparsity = combine(c.sparsity for c in completions)
     return {
@@ -132,11 +145,52 @@ def _run_once(model, tokenizer, adapter, method, sampling, ids, attn) -> dict:
     }
 
 
+def measure_compaction(
+    model: nn.Module,
+    tokenizer,
+    adapter: ModelAdapter,
+    batch: int = 8,
+    short: int = 16,
+    long: int = 256,
+    repeats: int = 3,
+    warmup: int = 1,
+) -> dict:
+    """Decode time of a batch whose rows all stop after `short` tokens but one, which runs to
+    `long`, with and without live-row compaction (dense, teacher-forced, alternated)."""
+    device = next(model.parameters()).device
+    ids = torch.randint(3, min(tokenizer.vocab_size, 1000), (batch, 32)).to(device)
+    attn = torch.ones_like(ids)
+    forced = Forcing(torch.randint(3, 300, (batch, long), device=device),
+                     torch.tensor([long] + [short] * (batch - 1), device=device))  # fmt: skip
+    runners = {
+        flag: BatchedRunner(
+            model,
+            tokenizer,
+            PruningMethod(),
+            adapter,
+            SamplingConfig(long),
+            engine=EngineConfig(compaction=flag),
+        )
+        for flag in (True, False)
+    }
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for rep in range(warmup + repeats):
+        for flag in (True, False) if rep % 2 == 0 else (False, True):
+            _, timing = runners[flag].generate_tokens(ids, attn, forced=forced)
+            if rep >= warmup:
+                times[flag].append(timing.decode_s)
+    ratios = [a / b for a, b in zip(times[True], times[False])]
+    return {"batch": batch, "short": short, "long": long, "repeats": repeats,
+            "decode_s_compaction": _spread(times[True]),
+            "decode_s_without": _spread(times[False]), "ratio": _spread(ratios)}  # fmt: skip
+
+
 def _summarize(batch: int, samples: dict[str, list[dict]], dense_bytes: int, ffn_bytes: int):
-    dense = samples["dense"]
-    frozen_r = None  # measured sparse-step speedup, from a method that prunes every step
+    frozen_r: dict[str, float] = {}  # per engine: measured speedup of an every-step-sparse method
     rows = []
     for name, runs in samples.items():
+        engine = name.partition("@")[2]
+        dense = samples[_label("dense", engine or "eager")]
         row = {"batch_size": batch, "method": name, "repeats": len(runs)}
         for key in ("prefill_s", "decode_s", "e2e_s", "step_ms", "tokens_per_s"):
             if key in runs[0]:
@@ -153,9 +207,10 @@ def _summarize(batch: int, samples: dict[str, list[dict]], dense_bytes: int, ffn
             row.update(sparse_fraction=f, ffn_sparse_steps=s, step_speedup=step_r,
                        bandwidth_bound=bound, ideal_bandwidth=schedule_ideal(f, bound))  # fmt: skip
             if f == 1.0:
-                frozen_r = step_r
+                frozen_r[engine] = step_r
         rows.append(row)
     for row in rows:
-        if frozen_r is not None and "sparse_fraction" in row and 0 < row["sparse_fraction"] < 1:
-            row["ideal_measured_r"] = schedule_ideal(row["sparse_fraction"], frozen_r)
+        r = frozen_r.get(row["method"].partition("@")[2])
+        if r is not None and "sparse_fraction" in row and 0 < row["sparse_fraction"] < 1:
+            row["ideal_measured_r"] = schedule_ideal(row["sparse_fraction"], r)
     return rows

@@ -72,5 +72,5 @@ def reported(method, ledger) -> dict:
 
     driver = MethodDriver(method, ledger)
     driver.start(1)
-    driver.decode(0, torch.zeros(1, dtype=torch.bool), lambda: None)
+    driver.decode(0, torch.zeros(1, dtype=torch.bool), lambda _: None)
     return driver.rows()[0]

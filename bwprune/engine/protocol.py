@@ -45,10 +45,13 @@ class MethodDriver:
         finished = torch.zeros(valid.shape[0], dtype=torch.bool, device=valid.device)
         return self._run(StepContext(Phase.PREFILL, 0, valid, finished), forward, measured=False)
 
-    def decode(self, step: int, finished: torch.Tensor, forward: Callable[[], T]) -> T:
-        """Decode step `step`: one token per row; rows in `finished` neither count nor steer."""
+    def decode(self, step: int, finished: torch.Tensor, forward: Callable[[bool], T]) -> T:
+        """Decode step `step`: one token per row; rows in `finished` neither count nor steer.
+
+        `forward(capturable)` is told whether the method allows this step to run compiled.
+        """
         ctx = StepContext(Phase.DECODE, step, ~finished[:, None], finished)
-        return self._run(ctx, forward, measured=True)
+        return self._run(ctx, lambda: forward(self.method.capturable()), measured=True)
 
     def score(self, valid: torch.Tensor, forward: Callable[[], T]) -> T:
         """A forward whose every token is evaluated (perplexity, loglikelihood): the method sees a

@@ -1,25 +1,30 @@
-"""The batched generation loop: left-padded prefill, then decode steps on the HF KV cache.
+"""The batched generation loop: left-padded prefill, then decode steps on a KV cache.
 
 It is explicit rather than `model.generate` because methods need the step index, which tokens are
 valid and which rows have finished at every forward, and because prefill and decode are timed
 separately. For the `dense` method its greedy tokens equal `model.generate(do_sample=False)`.
 Every forward goes through `bwprune.engine.protocol.MethodDriver`, which alone calls the method's
-hooks and records realized sparsity; the runner names no method and never scores answers.
+hooks and records realized sparsity; the engine's parts (static KV cache, compiled step, live-row
+compaction, stopping) live in `bwprune.engine`. The runner names no method and scores nothing.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
 import torch
 from torch import nn
-from transformers import DynamicCache, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
+from bwprune.engine.cache import CachePool, SlotCache
 from bwprune.engine.ledger import SparsityLedger
 from bwprune.engine.protocol import MethodDriver
+from bwprune.engine.rows import GenerationRows
+from bwprune.engine.step import DecodeStep, resolve_compile
+from bwprune.engine.stopping import StopStrings, stop_token_ids
 from bwprune.generation.timing import StepTimer
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import ModelAdapter
@@ -66,37 +71,21 @@ class SamplingConfig:
     ignore_eos: bool = False  # always generate max_new_tokens (speed runs: equal work per method)
 
 
-def stop_token_ids(model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """EOS ids from the generation config (may be a list) and the tokenizer."""
-    ids = getattr(model.generation_config, "eos_token_id", None)
-    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-    if tokenizer.eos_token_id is not None:
-        ids.append(tokenizer.eos_token_id)
-    return sorted(set(ids))
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the decode loop runs; never what it computes (completions are the same either way,
+    tested token for token), so these settings are not part of a run's identity."""
 
+    kv_cache: str = "static"  # static (preallocated, pooled) | dynamic (HF DynamicCache)
+    compile: bool = False  # decode step under torch.compile (CUDA: CUDA graphs)
+    compaction: bool = True  # drop finished rows at power-of-two live counts
+    backend: str = "inductor"  # torch.compile backend (eager / aot_eager to debug capture)
 
-class StopStrings:
-    """Ends a row once its generated text contains one of `strings` (lm-eval's `until`).
-
-    Stop strings are text, not token ids: they can start inside a token and span several. Each
-    step decodes only the last `window` generated tokens of each running row (a stop string's own
-    token count + 2, the margin lm-eval's HF backend uses), so the check stays O(1) in length.
-    """
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, strings: Sequence[str]) -> None:
-        self.tokenizer = tokenizer
-        self.strings = [s for s in strings if s]
-        lengths = [len(tokenizer.encode(s, add_special_tokens=False)) for s in self.strings]
-        self.window = max(lengths, default=0) + 2
-
-    def hits(self, generated: list[torch.Tensor], finished: torch.Tensor) -> torch.Tensor:
-        """(B,) bool: the running rows whose latest tokens complete a stop string."""
-        tail = torch.stack(generated[-self.window :], dim=1).tolist()
-        hit = [
-            not done and any(s in self.tokenizer.decode(row) for s in self.strings)
-            for row, done in zip(tail, finished.tolist())
-        ]
-        return torch.tensor(hit, dtype=torch.bool, device=finished.device)
+    @classmethod
+    def from_config(cls, gen: Mapping, device: torch.device) -> EngineConfig:
+        """From the run config's `generation` node (conf/config.yaml documents the keys)."""
+        return cls(str(gen.kv_cache), resolve_compile(gen.compile, device),
+                   bool(gen.compaction), str(gen.compile_backend))  # fmt: skip
 
 
 class BatchedRunner:
@@ -111,13 +100,16 @@ class BatchedRunner:
         sampling: SamplingConfig,
         seed: int = 0,
         ledger: SparsityLedger | None = None,
+        engine: EngineConfig = EngineConfig(),
     ) -> None:
         """`ledger`: built before the method's `prepare` when that changes the model's shape."""
         self.model, self.tokenizer, self.method = model, tokenizer, method
-        self.sampling = sampling
+        self.sampling, self.engine = sampling, engine
         self.device = next(model.parameters()).device
         self.ledger = ledger or SparsityLedger(adapter, self.device)
         self.driver = MethodDriver(method, self.ledger)
+        self.caches = CachePool(model, engine.kv_cache)
+        self.step = DecodeStep(model, engine.compile, engine.backend)
         stops = [] if sampling.ignore_eos else stop_token_ids(model, tokenizer)
         self.stop_ids = torch.tensor(stops, dtype=torch.long, device=self.device)
         self.pad_id = tokenizer.pad_token_id
@@ -137,14 +129,15 @@ class BatchedRunner:
             probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
         return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
 
-    def _pick(self, i: int, logits: torch.Tensor, forced: Forcing | None, observe) -> torch.Tensor:
-        """The i-th new token of every row: the model's choice, or the reference's."""
+    def _pick(self, i: int, logits: torch.Tensor, forced: Forcing | None, observe, rows):
+        """The i-th new token of every computed row: the model's choice, or the reference's.
+        `observe` sees the logits of every row of the batch in its original order."""
         if observe is not None:
-            observe(i, logits)
+            observe(i, rows.full(logits))
         return self._next_token(logits) if forced is None else forced.tokens[:, i]
 
     def _ends(self, i: int, token: torch.Tensor, forced: Forcing | None) -> torch.Tensor:
-        """(B,) rows that end with their i-th new token."""
+        """(n,) computed rows that end with their i-th new token."""
         if forced is None:
             return torch.isin(token, self.stop_ids)
         return forced.lengths <= i + 1
@@ -178,47 +171,52 @@ class BatchedRunner:
         stops = StopStrings(self.tokenizer, stop_strings) if stop_strings else None
         ids, attn = ids.to(self.device), attn.to(self.device)
         batch = ids.shape[0]
+        steps = self.sampling.max_new_tokens if forced is None else forced.tokens.shape[1]
         positions = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: real tokens start at 0
-        cache = DynamicCache(config=self.model.config)
+        cache = self.caches.get(batch, ids.shape[1] + steps)
+        rows = GenerationRows(batch, steps, self.pad_id, self.device)
         self.driver.start(batch)
         timer = StepTimer(self.device)
 
         timer.mark()
         logits = self.driver.prefill(attn.bool(), partial(
-            self._forward, cache, input_ids=ids, attention_mask=attn, position_ids=positions,
-            logits_to_keep=1,
+            self._prefill, cache, input_ids=ids, attention_mask=cache.start(attn),
+            position_ids=positions,
         ))  # fmt: skip
-        token = self._pick(0, logits, forced, observe)
-        timer.mark()
-        generated = [token]
+        token = self._pick(0, logits, forced, observe, rows)
+        rows.record(0, token, torch.ones_like(token, dtype=torch.bool))
         finished = self._ends(0, token, forced)
         if stops:
-            finished |= stops.hits(generated, finished)
-        lengths = torch.ones(batch, dtype=torch.long, device=self.device)  # tokens per row
+            finished |= stops.hits(rows.tail(0, stops.window), finished)
+        timer.mark()
         position = positions[:, -1:]
 
-        steps = self.sampling.max_new_tokens if forced is None else forced.tokens.shape[1]
         for step in range(steps - 1):
-            if bool(finished.all()):
+            live = int((~finished).sum())  # the loop's one host sync per step
+            if live == 0:
                 break
-            attn = torch.cat([attn, attn.new_ones(batch, 1)], dim=-1)
+            keep = rows.compaction(finished, live) if self.engine.compaction else None
+            if keep is not None:
+                cache, token, position, finished, forced = self._compact(
+                    rows, keep, cache, token, position, finished, forced
+                )
+            mask = cache.advance()
             position = position + 1
             active = ~finished
-            logits = self.driver.decode(step, finished, partial(
-                self._forward, cache, input_ids=token[:, None], attention_mask=attn,
-                position_ids=position,
-            ))  # fmt: skip
-            token = self._pick(step + 1, logits, forced, observe)
+            logits = self.driver.decode(
+                step, finished, partial(self.step, cache, token, mask, position)
+            )
+            token = self._pick(step + 1, logits, forced, observe, rows)
             token = token.masked_fill(finished, self.pad_id)
-            generated.append(token)
-            lengths += active
+            rows.record(step + 1, token, active)
             finished = finished | self._ends(step + 1, token, forced)
             if stops:
-                finished |= stops.hits(generated, finished)
+                finished |= stops.hits(rows.tail(step + 1, stops.window), finished)
             timer.mark()
 
+        rows.stop(finished)
         intervals = timer.intervals_s()
-        completions = self._completions(torch.stack(generated, dim=1), lengths, finished)
+        completions = self._completions(rows)
         timing = BatchTiming(
             prefill_s=intervals[0],
             decode_s=sum(intervals[1:]),
@@ -227,18 +225,29 @@ class BatchedRunner:
         )
         return completions, timing
 
-    def _forward(self, cache: DynamicCache, **inputs: torch.Tensor | int) -> torch.Tensor:
-        """One forward on the KV cache -> (B, V) logits of the last position."""
-        return self.model(**inputs, cache=cache, use_cache=True).logits[:, -1]
+    def _compact(self, rows, keep, cache, token, position, finished, forced):
+        """Only the computed rows `keep` go on: the method's and the ledger's row state, the KV
+        cache (copied into the pooled cache of the smaller shape) and the loop's tensors."""
+        self.driver.keep_rows(keep)
+        smaller = self.caches.get(len(keep), cache.length)
+        smaller.copy_rows(cache, keep)
+        rows.keep(keep)
+        if forced is not None:
+            forced = Forcing(forced.tokens[keep], forced.lengths[keep])
+        return smaller, token[keep], position[keep], finished[keep], forced
 
-    def _completions(
-        self, tokens: torch.Tensor, lengths: torch.Tensor, finished: torch.Tensor
-    ) -> list[Completion]:
-        """(B, N) generated ids -> each row's first `lengths[b]` ids; text without a stop token."""
+    def _prefill(self, cache: SlotCache, **inputs: torch.Tensor) -> torch.Tensor:
+        """The prompt forward, eager (prompt lengths vary) -> (B, V) logits of the last position."""
+        out = self.model(**inputs, **cache.inputs(), logits_to_keep=1)
+        return out.logits[:, -1]
+
+    def _completions(self, rows: GenerationRows) -> list[Completion]:
+        """Each row's first `lengths[b]` generated ids; its text without a stop token."""
         stop_ids = set(self.stop_ids.tolist())
-        rows = zip(tokens.tolist(), lengths.tolist(), finished.tolist(), self.driver.rows())
+        per_row = zip(rows.tokens.tolist(), rows.lengths.tolist(), rows.stopped.tolist(),
+                      self.driver.rows())  # fmt: skip
         out = []
-        for row, n, done, sparsity in rows:
+        for row, n, done, sparsity in per_row:
             ids = row[:n]
             text = self.tokenizer.decode(ids[:-1] if ids[-1] in stop_ids else ids)
             out.append(Completion(text, ids, "stop" if done else "length", sparsity))

@@ -194,7 +194,9 @@ class BWPruneLM(TemplateLM):
     def _runner(self, sampling: SamplingConfig) -> BatchedRunner:
         """One runner per decoding setting, each seeded once with `seed` (as run.py's one)."""
         if sampling not in self._runners:
-            self._runners[sampling] = self.prepared.runner(sampling, int(self.cfg.seed))
+            self._runners[sampling] = self.prepared.runner(
+                sampling, int(self.cfg.seed), self.cfg.generation
+            )
         return self._runners[sampling]
 
     def _context_ids(self, context: str, max_new_tokens: int) -> list[int]:

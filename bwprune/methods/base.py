@@ -99,3 +99,9 @@ class PruningMethod:
     def end_step(self, ctx: StepContext) -> StepSparsity | None:
         """Called after every forward; returns what that forward skipped (None: it was dense)."""
         return None
+
+    def capturable(self) -> bool:
+        """Asked after `begin_step` of a decode step: True when that forward, hooks included,
+        only computes tensors (writes no Python-side state), so the engine may run it compiled
+        and graph-captured (`bwprune.engine.step`). A method without hooks always is."""
+        return True

@@ -24,11 +24,17 @@ from bwprune.models.sliced_mlp import SlicedMLP
 
 
 class PhaseScores:
-    """Running Eq. 2 statistics of one scoring phase: per layer, per row, per neuron."""
+    """Running Eq. 2 statistics of one scoring phase: per layer, per row, per neuron.
+
+    Rows that leave the batch mid-phase (live-row compaction) keep the statistics they gathered
+    while they ran, so the phase's batch score is the same whether they leave or stay finished.
+    """
 
     def __init__(self, num_layers: int) -> None:
         self.sum_sq: list[torch.Tensor | None] = [None] * num_layers  # (B, D) each
         self.count: torch.Tensor | None = None  # (B,) valid tokens seen in this phase
+        self._left: list[torch.Tensor] = [torch.empty(0)] * num_layers  # (R, D): rows that left
+        self._left_count = torch.empty(0)  # (R,)
 
     def add(self, layer: int, z: torch.Tensor, valid: torch.Tensor) -> None:
         """Accumulate layer `layer`'s (B, T, D) activations over the (B, T) valid tokens."""
@@ -42,18 +48,35 @@ class PhaseScores:
         self.count = n if self.count is None else self.count + n
 
     def scores(self, layer: int) -> torch.Tensor:
-        """(B, D) Eq. 2 scores of this phase for `layer`."""
-        return phase_score(self.sum_sq[layer], self.count)
+        """(rows, D) Eq. 2 scores of this phase for `layer`, rows that left first."""
+        if not len(self._left_count):
+            return phase_score(self.sum_sq[layer], self.count)
+        sum_sq = torch.cat([self._left[layer], self.sum_sq[layer]])
+        return phase_score(sum_sq, torch.cat([self._left_count, self.count]))
 
     @property
     def rows(self) -> torch.Tensor:
-        """(B,) rows that contributed at least one valid token."""
-        return self.count > 0
+        """(rows,) rows that contributed at least one valid token (in `scores` order)."""
+        count = torch.cat([self._left_count, self.count]) if len(self._left_count) else self.count
+        return count > 0
 
     def gather(self, index: torch.Tensor) -> None:
-        """Keep the statistics of rows `index` only (rows left the batch)."""
+        """Only the current rows `index` go on; the others' statistics are set aside."""
+        if self.count is None:  # nothing observed yet in this phase
+            return
+        gone = torch.ones_like(self.count, dtype=torch.bool)
+        gone[index] = False
+        if bool(gone.any()):
+            self._left = [
+                torch.cat([left, s[gone]]) if len(left) else s[gone]
+                for left, s in zip(self._left, self.sum_sq)
+            ]
+            left = self._left_count
+            self._left_count = (
+                torch.cat([left, self.count[gone]]) if len(left) else self.count[gone]
+            )
         self.sum_sq = [None if s is None else s[index] for s in self.sum_sq]
-        self.count = None if self.count is None else self.count[index]
+        self.count = self.count[index]
 
 
 class NeuronMaskMethod(PruningMethod):
@@ -109,6 +132,11 @@ class NeuronMaskMethod(PruningMethod):
     def keep_rows(self, index: torch.Tensor) -> None:
         if self.phase is not None:
             self.phase.gather(index)
+
+    def capturable(self) -> bool:
+        """A forward that observes Z accumulates scores in Python state; the others (every
+        sparse step, unobserved dense steps) only compute with the kept set."""
+        return self.phase is None
 
     def set_kept(self, indices: list[torch.Tensor] | None) -> None:
         """Keep `indices[l]` in layer l from the next forward on; None: every layer dense."""

@@ -107,6 +107,11 @@ class ThresholdMethod(PruningMethod):
         self._params += dropped * params_per_entry
         return keep
 
+    def capturable(self) -> bool:
+        """No: the hooks add each step's skipped entries into per-step accounting tensors, and
+        the masks are applied by masking (no sparse kernel), so capture would gain little."""
+        return False
+
     def end_step(self, ctx: StepContext) -> StepSparsity | None:
         if ctx.phase is Phase.PREFILL or self.sparsity == 0:
             return None

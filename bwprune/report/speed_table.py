@@ -43,3 +43,15 @@ def markdown_table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(SPEED_COLUMNS) + " |", "|" + "---|" * len(SPEED_COLUMNS)]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_cells(rows)]
     return "\n".join(lines) + "\n"
+
+
+def compaction_line(c: dict) -> str:
+    """One sentence for `bwprune.speed.measure_compaction`'s record."""
+    with_, without, ratio = (c[k]["median"] for k in
+                             ("decode_s_compaction", "decode_s_without", "ratio"))  # fmt: skip
+    return (
+        f"Live-row compaction: {c['batch']} rows, {c['batch'] - 1} stop after {c['short']} tokens, "
+        f"one runs to {c['long']}: decode {with_:.2f} s with, {without:.2f} s without "
+        f"(ratio {ratio:.2f} [{c['ratio']['min']:.2f}, {c['ratio']['max']:.2f}], "
+        f"median of {c['repeats']})."
+    )

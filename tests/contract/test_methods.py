@@ -21,7 +21,7 @@ import torch
 
 from bwprune.config import build_method, package_data_dir
 from bwprune.engine.ledger import SparsityLedger
-from bwprune.generation.runner import BatchedRunner, Forcing, SamplingConfig
+from bwprune.generation.runner import BatchedRunner, EngineConfig, Forcing, SamplingConfig
 from bwprune.methods.neuron_mask import NeuronMaskMethod
 from bwprune.methods.thresholds import ThresholdMethod
 from bwprune.models.adapters import adapter_for
@@ -67,10 +67,11 @@ class Setup:
         self.method.prepare(self.model, self.adapter, self.tok)
 
     def run(self, rows: list[list[int]], lengths: list[int], pad: int | None = None,
-            filler: int | None = None, inside=None) -> tuple[torch.Tensor, list[dict]]:  # fmt: skip
+            filler: int | None = None, inside=None,
+            engine: EngineConfig | None = None) -> tuple[torch.Tensor, list[dict]]:  # fmt: skip
         """Teacher-force STEPS tokens after left-padded prompts `rows`; row b stops after
         `lengths[b]` tokens. `pad` fills prompt padding, `filler` what finished rows are fed
-        (defaults: the tokenizer's pad); `inside` is entered within `attach`.
+        (defaults: the tokenizer's pad); `inside` is entered within `attach`; `engine` runs it.
         Returns (steps, B, V) logits and the ledger rows."""
         width = max(map(len, rows))
         pad_id = self.tok.pad_token_id
@@ -79,8 +80,10 @@ class Setup:
         for b, r in enumerate(rows):
             ids[b, width - len(r) :], attn[b, width - len(r) :] = torch.tensor(r), 1
         forced = Forcing(torch.stack([continuation(r) for r in rows]), torch.tensor(lengths))
-        runner = BatchedRunner(self.model, self.tok, self.method, self.adapter,
-                               SamplingConfig(STEPS), ledger=self.ledger)  # fmt: skip
+        runner = BatchedRunner(
+            self.model, self.tok, self.method, self.adapter, SamplingConfig(STEPS),
+            ledger=self.ledger, engine=engine or EngineConfig(),
+        )  # fmt: skip
         if filler is not None:
             runner.pad_id = filler
         logits: list[torch.Tensor] = []
@@ -121,8 +124,9 @@ def test_junk_in_padding_and_finished_rows_steers_nothing(name, extra, calibrati
     """Row 1 is left-padded and stops after 3 tokens; what its padding holds and what it is fed
     once finished must not move row 0's outputs (they depend on every batch-shared decision)."""
     s = Setup(name, [*calibration_overrides, *extra])
-    clean, clean_rows = s.run(PROMPTS, [STEPS, 3])
-    junk, junk_rows = s.run(PROMPTS, [STEPS, 3], pad=JUNK, filler=JUNK + 100)
+    engine = EngineConfig(compaction=False)  # finished rows stay in the batch, fed the filler
+    clean, clean_rows = s.run(PROMPTS, [STEPS, 3], engine=engine)
+    junk, junk_rows = s.run(PROMPTS, [STEPS, 3], pad=JUNK, filler=JUNK + 100, engine=engine)
     assert torch.equal(junk[:, 0], clean[:, 0])
     assert junk_rows[0] == clean_rows[0]
 
@@ -148,7 +152,9 @@ def test_ledger_counts_what_the_forward_left_out(name, extra, family, calibratio
     whose other factor is zero (`SkipOracle`)."""
     s = Setup(name, [*calibration_overrides, *extra], family)
     oracle = SkipOracle(s.model, s.adapter, s.ledger.total_params)
-    _, rows = s.run(PROMPTS, [STEPS, 20], inside=oracle)
+    # Without compaction the batch keeps its shape, so the oracle's rows stay the ledger's rows
+    # (compaction's own equivalence, ledger included, is tests/unit/test_engine.py's).
+    _, rows = s.run(PROMPTS, [STEPS, 20], inside=oracle, engine=EngineConfig(compaction=False))
     counted = oracle.per_row([STEPS - 1, 19])  # decode steps: the first token comes from prefill
     for row, expected in zip(rows, counted):
         assert row["params"] == pytest.approx(expected, rel=1e-6, abs=1e-9)

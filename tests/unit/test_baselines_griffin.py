@@ -91,5 +91,5 @@ def test_prefill_reports_the_dense_forward_it_ran():
         driver.start(1)
         driver.score(torch.ones(1, 4, dtype=torch.bool), lambda: model(input_ids=ids))
         assert driver.rows()[0]["sparse_steps"] == 0  # the prompt pass ran dense
-        driver.decode(0, torch.zeros(1, dtype=torch.bool), lambda: model(input_ids=ids[:, :1]))
+        driver.decode(0, torch.zeros(1, dtype=torch.bool), lambda _: model(input_ids=ids[:, :1]))
         assert driver.rows()[0]["sparse_steps"] == 1  # its mask applies from the first step

@@ -52,9 +52,8 @@ def teacher_forced(model, method, ids: torch.Tensor) -> torch.Tensor:
     with method.attach(model, adapter):
         driver.start(batch)
         for t in range(ids.shape[1]):
-            driver.decode(t, torch.zeros(batch, dtype=torch.bool), partial(
-                model, input_ids=ids[:, t : t + 1], cache=cache, use_cache=True
-            ))  # fmt: skip
+            step = partial(model, input_ids=ids[:, t : t + 1], cache=cache, use_cache=True)
+            driver.decode(t, torch.zeros(batch, dtype=torch.bool), lambda _, step=step: step())
     return torch.tensor([row["ffn"] for row in driver.rows()])
 
 
@@ -189,7 +188,7 @@ def test_shared_mask_ignores_finished_rows():
     def keep(active: list[bool]) -> list[bool]:
         driver.start(2)
         finished = ~torch.tensor(active)
-        keep = driver.decode(0, finished, lambda: method.keep(0, magnitude, 0.5, 0.0, 1.0))
+        keep = driver.decode(0, finished, lambda _: method.keep(0, magnitude, 0.5, 0.0, 1.0))
         return keep[0, 0].tolist()
 
     assert keep([True, True]) == [False, True, True]  # mean of both rows vs t = 0.5

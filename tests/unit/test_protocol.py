@@ -55,8 +55,8 @@ def test_measured_forwards_are_decode_steps_and_scoring_forwards_only():
     d, method = driver()
     d.start(2)
     d.prefill(torch.ones(2, 5, dtype=torch.bool), lambda: None)  # a prompt: not measured
-    d.decode(0, torch.tensor([False, False]), lambda: None)
-    d.decode(1, torch.tensor([False, True]), lambda: None)  # row 1 has stopped
+    d.decode(0, torch.tensor([False, False]), lambda _: None)
+    d.decode(1, torch.tensor([False, True]), lambda _: None)  # row 1 has stopped
     assert [r["decode_steps"] for r in d.rows()] == [2, 1]
     d.start(2)
     d.score(torch.tensor([[True, True], [False, False]]), lambda: None)  # row 1: no token
@@ -67,11 +67,11 @@ def test_measured_forwards_are_decode_steps_and_scoring_forwards_only():
 def test_rows_that_leave_keep_their_totals_in_their_original_place():
     d, _ = driver()
     d.start(3)
-    d.decode(0, torch.zeros(3, dtype=torch.bool), lambda: None)
+    d.decode(0, torch.zeros(3, dtype=torch.bool), lambda _: None)
     d.keep_rows(torch.tensor([0, 2]))  # row 1 leaves after one step
-    d.decode(1, torch.zeros(2, dtype=torch.bool), lambda: None)
+    d.decode(1, torch.zeros(2, dtype=torch.bool), lambda _: None)
     d.keep_rows(torch.tensor([1]))  # then row 0 (current index 0) leaves too
-    d.decode(2, torch.zeros(1, dtype=torch.bool), lambda: None)
+    d.decode(2, torch.zeros(1, dtype=torch.bool), lambda _: None)
     assert [r["decode_steps"] for r in d.rows()] == [2, 1, 3]
     assert all(r["ffn"] == pytest.approx(0.5) for r in d.rows())
 

@@ -1,0 +1,126 @@
+"""The decode engine: static KV cache, compiled step, live-row compaction — each against the eager
+reference (dynamic cache, no compile, no compaction), token for token, for every method family."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from baselines.cats import CATS
+from baselines.dense import Dense
+from baselines.griffin import Griffin
+from baselines.teal import TEAL
+from bwprune.engine.rows import bucket
+from bwprune.generation.runner import BatchedRunner, EngineConfig, Forcing, SamplingConfig
+from bwprune.methods.ours import BWAP
+from bwprune.models.adapters import adapter_for
+from tests.conftest import PROMPTS, chat, tiny_model
+
+REFERENCE = EngineConfig(kv_cache="dynamic", compaction=False)
+N = 30  # ours below: t_init 2, then periods of 3 sparse + 2 dense steps
+
+
+def methods(calibration=None) -> dict:
+    """One method per family; the threshold methods with a hand-set threshold (no calibration)."""
+    teal, cats = TEAL(0.5, calibration={"x": 1}), CATS(0.5, calibration={"x": 1})
+    teal.thresholds = [[0.02] * 4, [0.02] * 4]  # [layer][site], set as `prepare` would
+    cats.thresholds = [0.05, 0.05]
+    teal.prepare = cats.prepare = lambda *a: None
+    return {
+        "dense": Dense(),
+        "ours": BWAP(0.5, t_init=2, t_prune=3, t_explore=2),
+        "griffin": Griffin(0.5),
+        "teal": teal,
+        "cats": cats,
+    }
+
+
+def generate(model, tok, method, engine, prompts=PROMPTS, lengths=None, n=N, runner=None):
+    """(completions, (steps, B, V) logits): free greedy generation, or teacher-forced on fixed
+    tokens with per-row `lengths` (rows finish at different steps)."""
+    adapter = adapter_for(model)
+    method.prepare(model, adapter, tok)
+    runner = runner or BatchedRunner(model, tok, method, adapter, SamplingConfig(n), engine=engine)
+    ids, attn = runner.encode(chat(tok, prompts))
+    forced = None
+    if lengths is not None:
+        tokens = torch.randint(
+            3, 300, (len(prompts), n), generator=torch.Generator().manual_seed(0)
+        )
+        forced = Forcing(tokens, torch.tensor(lengths))
+    logits: list[torch.Tensor] = []
+    with method.attach(model, adapter):
+        out, _ = runner.generate_tokens(
+            ids, attn, forced=forced, observe=lambda i, x: logits.append(x.clone())
+        )
+    return out, torch.stack(logits)
+
+
+@pytest.mark.parametrize("name", ["dense", "ours", "griffin", "teal", "cats"])
+def test_static_cache_generates_the_reference_tokens(tiny, name):
+    model, tok = tiny
+    ref, _ = generate(model, tok, methods()[name], REFERENCE)
+    out, _ = generate(model, tok, methods()[name], EngineConfig(compaction=False))
+    assert [c.token_ids for c in out] == [c.token_ids for c in ref]
+    assert [c.sparsity for c in out] == [c.sparsity for c in ref]
+
+
+def test_a_decode_step_allocates_no_cache_and_batches_reuse_it():
+    model, tok = tiny_model("tiny_llama")
+    adapter = adapter_for(model)
+    runner = BatchedRunner(model, tok, Dense(), adapter, SamplingConfig(12, ignore_eos=True))
+    seen: list[list[int]] = []
+    step = runner.step
+    runner.step = lambda cache, *a: (seen.append(cache.data_ptrs()), step(cache, *a))[1]
+    runner.generate(chat(tok, PROMPTS))
+    runner.generate(chat(tok, PROMPTS[::-1]))  # same batch size, other prompt lengths
+    assert len(seen) == 22 and all(ptrs == seen[0] for ptrs in seen)
+
+
+@pytest.mark.parametrize("name", ["dense", "ours", "griffin", "teal", "cats"])
+def test_compaction_changes_no_completion(tiny, name):
+    """Rows finish at 3, 5 and 30 tokens of a batch of 4: the batch shrinks to 2, then 1 rows.
+    What the surviving rows compute — every batch-shared decision included — is unchanged."""
+    model, tok = tiny
+    prompts, lengths = [*PROMPTS, "Two plus two?"], [N, 3, 5, 3]
+    ref, ref_logits = generate(model, tok, methods()[name], REFERENCE, prompts, lengths)
+    out, logits = generate(model, tok, methods()[name], EngineConfig(), prompts, lengths)
+    assert [c.sparsity for c in out] == [c.sparsity for c in ref]
+    for b, n in enumerate(lengths):  # the logits each row's own steps produced
+        torch.testing.assert_close(logits[:n, b], ref_logits[:n, b], atol=1e-5, rtol=1e-5)
+        assert torch.equal(logits[:n, b].argmax(-1), ref_logits[:n, b].argmax(-1))
+
+
+def test_buckets_are_powers_of_two():
+    assert [bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
+
+
+@pytest.mark.parametrize("name", ["dense", "ours", "griffin", "teal", "cats"])
+def test_compiled_step_generates_the_reference_tokens_and_never_recompiles(name):
+    """Dynamo capture (backend `eager`: the same graph without code generation) of the decode
+    step: the same tokens, and after the first batch no new graph — across mask refreshes,
+    ours' dense/sparse alternation and a new batch of the same size."""
+    model, tok = tiny_model("tiny_llama")
+    adapter = adapter_for(model)
+    ref, _ = generate(model, tok, methods()[name], REFERENCE)
+    torch._dynamo.reset()
+    counters.clear()
+    method = methods()[name]
+    engine = EngineConfig(compile=True, backend="eager", compaction=False)
+    runner = BatchedRunner(model, tok, method, adapter, SamplingConfig(N), engine=engine)
+    out, _ = generate(model, tok, method, engine, runner=runner)
+    assert [c.token_ids for c in out] == [c.token_ids for c in ref]
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs <= 2  # ours: a sparse and a dense step; threshold methods run eager (0)
+    generate(model, tok, method, engine, prompts=PROMPTS[::-1], runner=runner)
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["dense", "ours"])
+def test_inductor_compiled_step_generates_the_reference_tokens(name):
+    model, tok = tiny_model("tiny_qwen2")
+    ref, _ = generate(model, tok, methods()[name], REFERENCE)
+    out, _ = generate(model, tok, methods()[name], EngineConfig(compile=True, compaction=False))
+    assert [c.token_ids for c in out] == [c.token_ids for c in ref]
