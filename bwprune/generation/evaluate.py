@@ -8,6 +8,7 @@ as in the first attempt, because a batch-shared mask depends on who else is in t
 from __future__ import annotations
 
 import logging
+import time
 
 from omegaconf import DictConfig
 from tqdm import tqdm
@@ -22,6 +23,28 @@ from bwprune.records import RunRecorder, sample_row, timing_row
 from bwprune.scoring.common import prompt_opens_think
 
 log = logging.getLogger(__name__)
+
+
+class BatchProgress:
+    """Progress inside a batch on the bar's line — decode step, live rows, tokens/s — refreshed
+    at most once a second: at 7-8B a batch is thousands of steps, and the bar over batches alone
+    would sit still for minutes. It reads host values the decode loop has anyway."""
+
+    def __init__(self, bar: tqdm, every_s: float = 1.0) -> None:
+        self.bar, self.every_s = bar, every_s
+        self.start()
+
+    def start(self) -> None:
+        self._t0 = self._shown = time.perf_counter()
+        self._tokens = 0
+
+    def __call__(self, step: int, live: int) -> None:
+        self._tokens += live
+        now = time.perf_counter()
+        if now - self._shown >= self.every_s and not self.bar.disable:
+            self._shown = now
+            rate = self._tokens / (now - self._t0)
+            self.bar.set_postfix_str(f"step {step + 1}, live rows {live}, {rate:.1f} tok/s")
 
 
 def generate_missing(
@@ -49,11 +72,13 @@ def generate_missing(
     correct = tokens = scored = 0
     decode_s = 0.0
     bar = tqdm(todo, desc=recorder.key, unit="batch", disable=not cfg.progress)
+    inside = BatchProgress(bar)
     with method.attach(model, adapter):
         for number, batch in enumerate(bar):
             prompts = batch_prompts(tokenizer, cfg.model, batch)
             ids, attn = runner.encode(prompts)
-            completions, timing = runner.generate_tokens(ids, attn)
+            inside.start()
+            completions, timing = runner.generate_tokens(ids, attn, progress=inside)
             quality = (
                 forced_quality(runner, ids, attn, references[number])
                 if references

@@ -159,6 +159,7 @@ class BatchedRunner:
         stop_strings: Sequence[str] = (),
         forced: Forcing | None = None,
         observe: Callable[[int, torch.Tensor], None] | None = None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> tuple[list[Completion], BatchTiming]:
         """Completions for (B, T) left-padded token ids and their attention mask.
 
@@ -167,6 +168,8 @@ class BatchedRunner:
         With `forced`, the next token is the reference's instead of the model's choice (teacher
         forcing through the very same prefill/decode schedule); a row ends with its reference.
         `observe(i, logits)` sees the (B, V) logits that predict every row's i-th new token.
+        `progress(step, live rows)` is called before every decode step (host values the loop has
+        anyway: it adds no sync).
         """
         stops = StopStrings(self.tokenizer, stop_strings) if stop_strings else None
         ids, attn = ids.to(self.device), attn.to(self.device)
@@ -195,6 +198,8 @@ class BatchedRunner:
             live = int((~finished).sum())  # the loop's one host sync per step
             if live == 0:
                 break
+            if progress is not None:
+                progress(step, live)
             keep = rows.compaction(finished, live) if self.engine.compaction else None
             if keep is not None:
                 cache, token, position, finished, forced = self._compact(

@@ -3,15 +3,19 @@ reference (dynamic cache, no compile, no compaction), token for token, for every
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from tqdm import tqdm
 
 from baselines.cats import CATS
 from baselines.dense import Dense
 from baselines.griffin import Griffin
 from baselines.teal import TEAL
 from bwprune.engine.rows import bucket
+from bwprune.generation.evaluate import BatchProgress
 from bwprune.generation.runner import BatchedRunner, EngineConfig, Forcing, SamplingConfig
 from bwprune.methods.ours import BWAP
 from bwprune.models.adapters import adapter_for
@@ -124,3 +128,18 @@ def test_inductor_compiled_step_generates_the_reference_tokens(name):
     ref, _ = generate(model, tok, methods()[name], REFERENCE)
     out, _ = generate(model, tok, methods()[name], EngineConfig(compile=True, compaction=False))
     assert [c.token_ids for c in out] == [c.token_ids for c in ref]
+
+
+def test_progress_inside_a_batch_sees_every_step_and_the_live_rows():
+    model, tok = tiny_model("tiny_llama")
+    calls: list[tuple[int, int]] = []
+    adapter = adapter_for(model)
+    runner = BatchedRunner(model, tok, Dense(), adapter, SamplingConfig(6))
+    ids, attn = runner.encode(chat(tok, PROMPTS))
+    forced = Forcing(torch.full((3, 6), 50), torch.tensor([6, 2, 4]))
+    runner.generate_tokens(ids, attn, forced=forced, progress=lambda *a: calls.append(a))
+    assert calls == [(0, 3), (1, 2), (2, 2), (3, 1), (4, 1)]
+    bar = tqdm(total=1, file=io.StringIO())
+    show = BatchProgress(bar, every_s=0.0)
+    show(41, 3)
+    assert "step 42, live rows 3" in bar.postfix
