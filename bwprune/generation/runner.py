@@ -236,6 +236,7 @@ class BatchedRunner:
         self.driver.keep_rows(keep)
         smaller = self.caches.get(len(keep), cache.length)
         smaller.copy_rows(cache, keep)
+        rows.stop(finished)  # the rows that leave have stopped: say so while they are indexed
         rows.keep(keep)
         if forced is not None:
             forced = Forcing(forced.tokens[keep], forced.lengths[keep])

@@ -91,6 +91,9 @@ def test_compaction_changes_no_completion(tiny, name):
     ref, ref_logits = generate(model, tok, methods()[name], REFERENCE, prompts, lengths)
     out, logits = generate(model, tok, methods()[name], EngineConfig(), prompts, lengths)
     assert [c.sparsity for c in out] == [c.sparsity for c in ref]
+    assert [(c.token_ids, c.finish_reason) for c in out] == [
+        (c.token_ids, c.finish_reason) for c in ref
+    ]
     for b, n in enumerate(lengths):  # the logits each row's own steps produced
         torch.testing.assert_close(logits[:n, b], ref_logits[:n, b], atol=1e-5, rtol=1e-5)
         assert torch.equal(logits[:n, b].argmax(-1), ref_logits[:n, b].argmax(-1))
