@@ -29,7 +29,9 @@ def rescore(run_dir: str | Path) -> dict:
     recorder = RunRecorder(run_dir.parent, run_dir.name)
     samples = recorder.samples()
     for s in samples:
-        score = benchmark.score(s["completion"], s["gold"], s.get("think_open", False))
+        score = benchmark.score(
+            s["completion"], s["gold"], s["finish_reason"], s.get("think_open", False)
+        )
         s.update(prediction=score.prediction, correct=score.correct, score_reason=score.reason)
     tmp = recorder.samples_path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))

@@ -65,8 +65,9 @@ def _checked(row: dict, required: tuple[str, ...], where: str) -> dict:
 class Benchmark:
     """Subclasses implement `examples()` and `score()`; `kind` says how the runner evaluates it.
 
-    `score` is a pure function of (completion, gold, think_open), so finished runs can be
-    rescored; `think_open` says the prompt itself opened a `<think>` block.
+    `score` is a pure function of (completion, gold, finish_reason, think_open), so finished runs
+    can be rescored; `finish_reason` says whether generation stopped on its own ("stop") or at the
+    token limit ("length"), `think_open` whether the prompt itself opened a `<think>` block.
     """
 
     kind = "generate"
@@ -79,7 +80,9 @@ class Benchmark:
     def examples(self) -> list[Example]:
         raise NotImplementedError
 
-    def score(self, completion: str, gold: str, think_open: bool = False) -> Score:
+    def score(
+        self, completion: str, gold: str, finish_reason: str, think_open: bool = False
+    ) -> Score:
         raise NotImplementedError
 
 
@@ -111,5 +114,13 @@ class MathBenchmark(Benchmark):
             for i, r in enumerate(rows)
         ]
 
-    def score(self, completion: str, gold: str, think_open: bool = False) -> Score:
-        return score_math(completion, gold, latex_gold=self.latex_gold, think_open=think_open)
+    def score(
+        self, completion: str, gold: str, finish_reason: str, think_open: bool = False
+    ) -> Score:
+        return score_math(
+            completion,
+            gold,
+            finish_reason,
+            latex_gold=self.latex_gold,
+            think_open=think_open,
+        )

@@ -63,8 +63,10 @@ class GPQA(Benchmark):
             examples.append(Example(i, str(row.get("Record ID", i)), question, gold))
         return examples
 
-    def score(self, completion: str, gold: str, think_open: bool = False) -> Score:
-        return score_choice(completion, gold, think_open=think_open)
+    def score(
+        self, completion: str, gold: str, finish_reason: str, think_open: bool = False
+    ) -> Score:
+        return score_choice(completion, gold, finish_reason, think_open)
 
     def _rows(self) -> list[dict]:
         """From `data_file` when set, else from the hub when possible, else a one-line error."""

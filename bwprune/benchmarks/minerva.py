@@ -11,7 +11,7 @@ import re
 
 from bwprune.benchmarks.base import MathBenchmark
 from bwprune.errors import UserError
-from bwprune.scoring.math_answers import last_boxed
+from bwprune.scoring.answer_span import last_boxed
 
 _NUMPY_FUNCTION = re.compile(r"np\.([a-z]+)")
 

@@ -3,15 +3,15 @@
 Following simple-evals (shared/research/baselines.md §6.6), the prompt asks for a last line
 `Answer: X`; the letter is read from the LAST `Answer: X` or `\\boxed{X}` in the answer part.
 A letter alone, "the answer is C" or a choice's text are not read: a reply the pattern does not
-match is unscorable and counted, not guessed. math-verify is not used: its README advises against
-letter extraction mixed with math parsing.
+match is unscorable and counted, not guessed (`truncated` when the token limit cut it).
+math-verify is not used: its README advises against letter extraction mixed with math parsing.
 """
 
 from __future__ import annotations
 
 import re
 
-from bwprune.scoring.common import NO_ANSWER, UNFINISHED_THINK, Score, strip_think
+from bwprune.scoring.common import UNFINISHED_THINK, Score, strip_think, unanswered, was_cut
 
 LETTERS = "ABCD"
 
@@ -34,12 +34,13 @@ def extract_letter(text: str) -> str | None:
     return next(g for g in last.groups() if g).upper()
 
 
-def score_choice(completion: str, gold: str, think_open: bool = False) -> Score:
+def score_choice(completion: str, gold: str, finish_reason: str, think_open: bool = False) -> Score:
     """Score a completion against the gold letter (`A`-`D`)."""
+    cut = was_cut(finish_reason)
     answer = strip_think(completion, think_open)
     if answer is None:
         return UNFINISHED_THINK
     letter = extract_letter(answer)
     if letter is None:
-        return NO_ANSWER
+        return unanswered(cut)
     return Score(letter == gold, letter, "ok")

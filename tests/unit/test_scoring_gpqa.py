@@ -38,11 +38,11 @@ CASES = [
 
 @pytest.mark.parametrize(("completion", "expected"), CASES)
 def test_gpqa_scoring(completion, expected):
-    assert score_choice(completion, "C").correct is expected
+    assert score_choice(completion, "C", "stop").correct is expected
 
 
 def test_prediction_is_the_upper_case_letter():
     assert extract_letter("answer: (b)") == "B"
-    assert score_choice("Answer: c", "C").prediction == "C"
-    assert score_choice("nothing", "C").reason == "no_answer"
-    assert score_choice("still thinking", "C", think_open=True).reason == "unfinished_think"
+    assert score_choice("Answer: c", "C", "stop").prediction == "C"
+    assert score_choice("nothing", "C", "stop").reason == "no_answer"
+    assert score_choice("still thinking", "C", "stop", think_open=True).reason == "unfinished_think"

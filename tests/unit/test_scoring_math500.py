@@ -44,4 +44,4 @@ CASES = [
 
 @pytest.mark.parametrize(("completion", "gold", "expected"), CASES)
 def test_math500_scoring(completion, gold, expected):
-    assert BENCH.score(completion, gold).correct is expected
+    assert BENCH.score(completion, gold, "stop").correct is expected

@@ -38,7 +38,7 @@ CASES = [
 
 @pytest.mark.parametrize(("completion", "gold", "expected"), CASES)
 def test_minerva_scoring(completion, gold, expected):
-    assert BENCH.score(completion, gold).correct is expected
+    assert BENCH.score(completion, gold, "stop").correct is expected
 
 
 def test_minerva_gold_is_the_last_box():
