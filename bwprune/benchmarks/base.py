@@ -97,6 +97,7 @@ class MathBenchmark(Benchmark):
     id_field: str | None = None  # None: the dataset has no id; the line index serves
     gold_fields: tuple[str, ...] = ("answer",)
     latex_gold = True  # gold is LaTeX (read as a box's content), else a plain number
+    units_in_answer = False  # the benchmark's convention drops units after a number (Minerva)
 
     def gold(self, row: dict) -> str:
         raise NotImplementedError
@@ -122,5 +123,6 @@ class MathBenchmark(Benchmark):
             gold,
             finish_reason,
             latex_gold=self.latex_gold,
+            units_in_answer=self.units_in_answer,
             think_open=think_open,
         )

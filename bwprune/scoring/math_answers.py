@@ -26,7 +26,13 @@ from bwprune.scoring.common import (
     unanswered,
     was_cut,
 )
-from bwprune.scoring.latex_forms import normalize_answer
+from bwprune.scoring.latex_forms import (
+    choice_letter,
+    is_choice,
+    is_number,
+    normalize_answer,
+    without_units,
+)
 
 PRED_CONFIG = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
 GOLD_NUMBER_CONFIG = (ExprExtractionConfig(),)
@@ -46,11 +52,13 @@ def score_math(
     finish_reason: str,
     *,
     latex_gold: bool = False,
+    units_in_answer: bool = False,
     think_open: bool = False,
 ) -> Score:
     """Score a completion against a gold answer: a number, or LaTeX when `latex_gold`.
 
-    `finish_reason`: "stop" or "length" (cut at the token limit).
+    `finish_reason`: "stop" or "length" (cut at the token limit); `units_in_answer`: the
+    benchmark's convention drops units after a number (Minerva).
     """
     cut = was_cut(finish_reason)
     answer = strip_think(completion, think_open)
@@ -60,7 +68,7 @@ def score_math(
     if located is None:
         return unanswered(cut)
     timeout = _timeout()
-    target = _prediction_text(located)
+    target = _prediction_text(located, gold, units_in_answer)
     pred = parse(target, extraction_config=PRED_CONFIG, parsing_timeout=timeout)
     if not pred:
         return NO_ANSWER  # an answer was given but reads as nothing (an empty box, words)
@@ -73,8 +81,12 @@ def score_math(
     return Score(correct, str(pred[-1]), "ok")
 
 
-def _prediction_text(located: Located) -> str:
-    """What math-verify parses: the located answer boxed, or the passage it searches."""
+def _prediction_text(located: Located, gold: str, units_in_answer: bool) -> str:
+    """What math-verify parses: the located answer boxed, after the benchmark's rewrites."""
     if not located.exact:
         return normalize_answer(located.text)
-    return f"\\boxed{{{normalize_answer(located.text)}}}"
+    text = choice_letter(located.text) if is_choice(gold) else located.text
+    text = normalize_answer(text)
+    if units_in_answer and is_number(gold):
+        text = without_units(text)
+    return f"\\boxed{{{text}}}"

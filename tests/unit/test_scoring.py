@@ -34,6 +34,7 @@ CASES = [
     ("It takes 2 + 1 bolts, so the answer is 2 + 1 = 3 (2 blue, 1 white).", "3", True),
     ("Final Answer: The final answer is $18$. I hope it is correct.", "18", True),
     ("<think>9 * 2 = 18</think>\n\n**Final Answer:** 18 dollars", "18", True),
+    (r"\boxed{1\,234}", "1234", True),  # a thin space between digit groups
 ]
 
 
