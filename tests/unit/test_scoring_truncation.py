@@ -112,9 +112,9 @@ def test_other_benchmarks_refuse_cut_reasoning_too():
     amc = AMC23("amc23", None, "{question}")
     assert amc.score("Alicia bikes 18 mph and Beth 12, so in 1.5 hours 18 * 1.5 = 27", "27",
                      "length").reason == "truncated"  # fmt: skip
-    cut_mention = score_choice("(C) looks right, but let me check (D", "C", "length")
+    cut_mention = score_choice("(C) looks right, but let me check (D", "C", "length", "lenient")
     assert cut_mention.reason == "truncated"
-    assert score_choice("(C) looks right.", "C", "stop").reason == "no_answer"
+    assert score_choice("(C) looks right.", "C", "stop", "lenient").reason == "no_answer"
 
 
 def test_an_unknown_finish_reason_is_refused():
