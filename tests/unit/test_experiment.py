@@ -75,9 +75,12 @@ def test_rescore_recomputes_from_samples(cfg_factory):
     rows[0]["completion"] = f"... so the answer is \\boxed{{{rows[0]['gold']}}}"
     rows[0]["correct"] = None
     (folder / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    generated = {**record, "finished_at": "2026-01-01T00:00:00+00:00"}
+    (folder / "run.json").write_text(json.dumps(generated))
     new = rescore(folder)
     assert new["metrics"]["correct"] == record["metrics"]["correct"] + 1
     assert new["rescored"] and new["provenance"] == record["provenance"]
+    assert new["finished_at"] == generated["finished_at"]  # when it was generated, not rescored
 
 
 def test_wandb_failure_keeps_local_records(cfg_factory, monkeypatch):
