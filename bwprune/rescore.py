@@ -26,6 +26,8 @@ def rescore(run_dir: str | Path) -> dict:
         raise UserError(f"{str(run_dir)!r} is not a run folder (no config.yaml)")
     cfg = OmegaConf.load(config_path)
     benchmark: Benchmark = build(cfg.benchmark)
+    if benchmark.kind != "generate":  # rescoring would overwrite its metrics with empty ones
+        raise UserError(f"{str(run_dir)!r} is a {benchmark.kind} run: it has no answers to score")
     recorder = RunRecorder(run_dir.parent, run_dir.name)
     samples = recorder.samples()
     for s in samples:

@@ -151,11 +151,16 @@ def test_summary_metrics_for_generation_and_perplexity_records():
 
 
 def test_perplexity_benchmark_runs_through_run(cfg_factory):
-    record = run(cfg_factory("model=tiny_llama", "benchmark=wikitext2", "benchmark.seq_len=32",
-                             "benchmark.max_windows=4", "method=ours"))  # fmt: skip
+    cfg = cfg_factory("model=tiny_llama", "benchmark=wikitext2", "benchmark.seq_len=32",
+                      "benchmark.max_windows=4", "method=ours")  # fmt: skip
+    record = run(cfg)
     m = record["metrics"]
     assert m["perplexity"] > 1 and m["n_windows"] == 4
     assert record["benchmark"] == "wikitext2"
+    folder = Path(cfg.paths.runs_dir) / record["run_key"]
+    with pytest.raises(UserError, match="perplexity run: it has no answers"):
+        rescore(folder)  # and its metrics stay
+    assert json.loads((folder / "run.json").read_text())["metrics"] == m
 
 
 def test_nothing_leaks_between_jobs_in_one_process(cfg_factory):
