@@ -22,13 +22,12 @@ FINISH_REASONS = ("stop", "length")  # a stop token or string | max_new_tokens r
 class Score:
     correct: bool | None  # None: unscorable (counted, never silently wrong)
     prediction: str | None  # the extracted answer, as text
-    reason: str  # "ok", or why unscorable: one of UNSCORABLE_REASONS
+    reason: str  # "ok", or why unscorable: "truncated" | "no_answer" | "unfinished_think"
 
 
 UNFINISHED_THINK = Score(None, None, "unfinished_think")  # the think block never closed
 TRUNCATED = Score(None, None, "truncated")  # cut at the token limit before an answer was given
 NO_ANSWER = Score(None, None, "no_answer")  # ended on its own without an answer
-UNSCORABLE_REASONS = tuple(s.reason for s in (UNFINISHED_THINK, TRUNCATED, NO_ANSWER))
 
 
 def was_cut(finish_reason: str) -> bool:
