@@ -13,8 +13,9 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-# Method arguments that say what is pruned how much, not which variant of a method this is.
-NOT_VARIANT = ("_target_", "sparsity", "calibration", "cache_dir")
+# Method keys that say what is pruned how much, or name the method, not which variant it is: runs
+# recorded before conf/method/*.yaml carried `name` are the same variants as those after.
+NOT_VARIANT = ("_target_", "name", "sparsity", "calibration", "cache_dir")
 # What must match for a dense run to be a method run's reference.
 PAIRING = ("benchmark", "model", "batch_size", "seed", "limit", "subset", "generation")
 

@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from bwprune.report.collect import _agreement, load_runs
+from bwprune.report.collect import _agreement, load_runs, method_variant
 from bwprune.report.tables import (
     all_tables,
     default_variants,
@@ -29,6 +29,11 @@ def test_load_runs_pairs_methods_with_dense(results):
     assert ((dense["agreement"] == 1.0) | dense["agreement"].isna()).all()
     ours = runs[runs["method"] == "ours"]
     assert (ours["agreement"].between(0, 1) | ours["agreement"].isna()).all()
+
+
+def test_a_method_s_name_is_not_part_of_its_variant():
+    args = {"_target_": "bwprune.methods.ours.BWAP", "sparsity": 0.5, "memory": True}
+    assert method_variant({**args, "name": "ours"}) == method_variant(args) == '{"memory": true}'
 
 
 def test_agreement_counts_only_samples_where_either_run_answered():
