@@ -26,10 +26,14 @@ def rescore(run_dir: str | Path) -> dict:
         raise UserError(f"{str(run_dir)!r} is not a run folder (no config.yaml)")
     cfg = OmegaConf.load(config_path)
     benchmark: Benchmark = build(cfg.benchmark)
+    if benchmark.kind != "generate":  # rescoring would overwrite its metrics with empty ones
+        raise UserError(f"{str(run_dir)!r} is a {benchmark.kind} run: it has no answers to score")
     recorder = RunRecorder(run_dir.parent, run_dir.name)
     samples = recorder.samples()
     for s in samples:
-        score = benchmark.score(s["completion"], s["gold"], s.get("think_open", False))
+        score = benchmark.score(
+            s["completion"], s["gold"], s["finish_reason"], s.get("think_open", False)
+        )
         s.update(prediction=score.prediction, correct=score.correct, score_reason=score.reason)
     tmp = recorder.samples_path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
@@ -37,6 +41,8 @@ def rescore(run_dir: str | Path) -> dict:
     old = recorder.record() if recorder.is_complete() else {}
     metrics = summarize(samples, recorder.timings(), target_sparsity(cfg))
     prov = old.get("provenance") or provenance(cfg.seed, str(cfg.model.device))
-    extra = {k: old[k] for k in ("benchmark", "model", "method") if k in old}
+    # finished_at stays the generation's: tables pick the latest of equal runs by it, and
+    # rescoring every run must not reorder them.
+    extra = {k: old[k] for k in ("benchmark", "model", "method", "finished_at") if k in old}
     recorder.key = old.get("run_key", run_dir.name)
     return recorder.finish(metrics, prov, extra={**extra, "rescored": True})

@@ -65,8 +65,9 @@ def _checked(row: dict, required: tuple[str, ...], where: str) -> dict:
 class Benchmark:
     """Subclasses implement `examples()` and `score()`; `kind` says how the runner evaluates it.
 
-    `score` is a pure function of (completion, gold, think_open), so finished runs can be
-    rescored; `think_open` says the prompt itself opened a `<think>` block.
+    `score` is a pure function of (completion, gold, finish_reason, think_open), so finished runs
+    can be rescored; `finish_reason` says whether generation stopped on its own ("stop") or at the
+    token limit ("length"), `think_open` whether the prompt itself opened a `<think>` block.
     """
 
     kind = "generate"
@@ -79,7 +80,9 @@ class Benchmark:
     def examples(self) -> list[Example]:
         raise NotImplementedError
 
-    def score(self, completion: str, gold: str, think_open: bool = False) -> Score:
+    def score(
+        self, completion: str, gold: str, finish_reason: str, think_open: bool = False
+    ) -> Score:
         raise NotImplementedError
 
 
@@ -94,6 +97,7 @@ class MathBenchmark(Benchmark):
     id_field: str | None = None  # None: the dataset has no id; the line index serves
     gold_fields: tuple[str, ...] = ("answer",)
     latex_gold = True  # gold is LaTeX (read as a box's content), else a plain number
+    units_in_answer = False  # the benchmark's convention drops units after a number (Minerva)
 
     def gold(self, row: dict) -> str:
         raise NotImplementedError
@@ -111,5 +115,14 @@ class MathBenchmark(Benchmark):
             for i, r in enumerate(rows)
         ]
 
-    def score(self, completion: str, gold: str, think_open: bool = False) -> Score:
-        return score_math(completion, gold, latex_gold=self.latex_gold, think_open=think_open)
+    def score(
+        self, completion: str, gold: str, finish_reason: str, think_open: bool = False
+    ) -> Score:
+        return score_math(
+            completion,
+            gold,
+            finish_reason,
+            latex_gold=self.latex_gold,
+            units_in_answer=self.units_in_answer,
+            think_open=think_open,
+        )

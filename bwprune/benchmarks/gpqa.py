@@ -5,7 +5,8 @@ it is read from a local CSV/JSONL copy (`data_file`, the official `gpqa_diamond.
 from the hub (`hub_id`/`hub_config`) when a token and the network exist. The four choices are
 shuffled with a seed drawn from (`shuffle_seed`, question text), so every run, shard and machine
 shows a question with the same letters. The prompt asks for a last line `Answer: X`
-(simple-evals); see `bwprune.scoring.choices` for how the letter is read.
+(simple-evals); `letter_extraction` (strict | lenient) says whether an answer stated in words
+("The answer is C.") counts too, see `bwprune.scoring.choices`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from bwprune.benchmarks.base import Benchmark, Example, read_csv, read_jsonl
 from bwprune.errors import UserError
-from bwprune.scoring.choices import LETTERS, score_choice
+from bwprune.scoring.choices import LETTERS, check_extraction, score_choice
 from bwprune.scoring.common import Score
 
 FIELDS = ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2",
@@ -41,10 +42,12 @@ class GPQA(Benchmark):
         hub_id: str,
         hub_config: str,
         hub_split: str,
+        letter_extraction: str,
         shuffle_seed: int = 0,
     ) -> None:
         super().__init__(name, data_file, prompt)
         self.hub = (hub_id, hub_config, hub_split)
+        self.letter_extraction = check_extraction(letter_extraction)
         self.shuffle_seed = shuffle_seed
 
     def examples(self) -> list[Example]:
@@ -63,8 +66,10 @@ class GPQA(Benchmark):
             examples.append(Example(i, str(row.get("Record ID", i)), question, gold))
         return examples
 
-    def score(self, completion: str, gold: str, think_open: bool = False) -> Score:
-        return score_choice(completion, gold, think_open=think_open)
+    def score(
+        self, completion: str, gold: str, finish_reason: str, think_open: bool = False
+    ) -> Score:
+        return score_choice(completion, gold, finish_reason, self.letter_extraction, think_open)
 
     def _rows(self) -> list[dict]:
         """From `data_file` when set, else from the hub when possible, else a one-line error."""

@@ -2,7 +2,8 @@
 
 The file has no answer field, so the gold is the last `\\boxed{}` of `solution`, as in
 lm-evaluation-harness and Qwen2.5-Math. Two golds are written as numpy (`np.arcsin(...)`); the
-prefix is turned into LaTeX. Other number formats (4.5e33, -1./3) are handled by the scorer.
+prefix is turned into LaTeX. Other number formats (4.5e33, -1./3) are handled by the scorer, which
+also drops units after a predicted number, as Minerva's own normalization does.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import re
 
 from bwprune.benchmarks.base import MathBenchmark
 from bwprune.errors import UserError
-from bwprune.scoring.math_answers import last_boxed
+from bwprune.scoring.answer_span import last_boxed
 
 _NUMPY_FUNCTION = re.compile(r"np\.([a-z]+)")
 
@@ -27,6 +28,7 @@ def minerva_gold(solution: str) -> str:
 class Minerva(MathBenchmark):
     id_field = "idx"
     gold_fields = ("solution",)
+    units_in_answer = True  # physics answers carry units (\mathrm{~cm}, \AA, arcsec)
 
     def gold(self, row: dict) -> str:
         return minerva_gold(row["solution"])

@@ -88,7 +88,7 @@ def generate_missing(
             for (e, k), prompt, c, q in zip(batch, prompts, completions, quality):
                 if (e.index, k) not in done:
                     think_open = prompt_opens_think(prompt)
-                    score = benchmark.score(c.text, e.gold, think_open)
+                    score = benchmark.score(c.text, e.gold, c.finish_reason, think_open)
                     rows.append(sample_row(e, k, c, score, think_open, q))
             recorder.append(rows, timing_row(batch, timing))
             scored += len(rows)

@@ -13,8 +13,9 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-# Method arguments that say what is pruned how much, not which variant of a method this is.
-NOT_VARIANT = ("_target_", "sparsity", "calibration", "cache_dir")
+# Method keys that say what is pruned how much, or name the method, not which variant it is: runs
+# recorded before conf/method/*.yaml carried `name` are the same variants as those after.
+NOT_VARIANT = ("_target_", "name", "sparsity", "calibration", "cache_dir")
 # What must match for a dense run to be a method run's reference.
 PAIRING = ("benchmark", "model", "batch_size", "seed", "limit", "subset", "generation")
 
@@ -61,7 +62,9 @@ def load_runs(runs_dir: str | Path) -> pd.DataFrame:
                 "n": m.get("n"),
                 "problems": m.get("problems", m.get("n")),
                 "accuracy": m.get("accuracy"),
+                "correct": m.get("correct"),
                 "unscorable": m.get("unscorable"),
+                "unscorable_reasons": m.get("unscorable_reasons"),
                 "target_sparsity": m["target_sparsity"],
                 "realized_ffn": rs.get("ffn"),
                 "realized_ffn_sparse_steps": rs.get("ffn_sparse_steps"),
@@ -78,7 +81,8 @@ def load_runs(runs_dir: str | Path) -> pd.DataFrame:
         )
     runs = pd.DataFrame(rows)
     if not runs.empty:
-        for count in ("n", "problems"):  # counts stay integers next to perplexity runs' None
+        # Counts stay integers next to perplexity runs' None.
+        for count in ("n", "problems", "correct", "unscorable"):
             runs[count] = runs[count].astype("Int64")
         runs["agreement"] = _agreement(runs, predictions)
     return runs
@@ -95,7 +99,12 @@ def _predictions(samples_path: Path) -> dict:
 
 
 def _agreement(runs: pd.DataFrame, predictions: dict) -> list[float | None]:
-    """Fraction of samples whose answer equals the matching dense run's (None: no dense run)."""
+    """Fraction of samples whose answer equals the matching dense run's, over the samples where
+    either run gave an answer (None: no dense run, or neither ever answered).
+
+    Two runs that both gave no answer (both cut at the token limit, say) do not agree on one:
+    counting them would make agreement measure how often both stop mid-reasoning.
+    """
     dense = {r.pairing: r.run_key for r in runs.itertuples() if r.method == "dense"}
     out = []
     for r in runs.itertuples():
@@ -104,6 +113,6 @@ def _agreement(runs: pd.DataFrame, predictions: dict) -> list[float | None]:
             out.append(None)
             continue
         mine, theirs = predictions[r.run_key], predictions[ref]
-        common = [k for k in mine if k in theirs]
+        common = [k for k in mine if k in theirs and (mine[k], theirs[k]) != (None, None)]
         out.append(sum(mine[k] == theirs[k] for k in common) / len(common) if common else None)
     return out

@@ -4,7 +4,8 @@ Main, batch-size and sparsity tables use each method's default variant (its yaml
 ablation tables vary one argument of `ours`; all but the runs table are about generation
 benchmarks (perplexity runs have their own numbers). Runs that differ only in how many problems
 they saw (`limit`, `subset`) or in generation settings compete for one cell, and the one with the
-most problems is used (`largest_evaluations`); seeds are averaged. Every table lists its runs.
+most problems is used (`largest_evaluations`); seeds are averaged. Every table lists its runs,
+each with how its samples ended: correct, wrong, or unscorable by reason (bwprune/scoring).
 Realized sparsity follows bwprune/engine/ledger.py (decode steps only): (a) FFN neurons over all
 decode steps, (c) all parameters skipped per token.
 """
@@ -12,7 +13,7 @@ decode steps, (c) all parameters skipped per token.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -21,11 +22,15 @@ from bwprune.report.collect import method_variant
 from bwprune.report.speed_table import SPEED_COLUMNS, table_cells
 
 FOOTNOTE = (
-    "n = problems; values are means over seeds; acc = accuracy (pass@1); "
-    "agree = answers equal to the matching dense run's; "
+    "n = problems; values are means over seeds; acc = accuracy (pass@1; an unscorable sample "
+    "counts as not correct); agree = answers equal to the matching dense run's, over the samples "
+    "where either gave one; "
     "KL = token-level KL(dense ‖ method) on the dense model's continuation, teacher-forced; "
     "(a) realized FFN sparsity over decode steps; (b) on pruned steps only; "
-    "(c) fraction of all parameters skipped per decode token."
+    "(c) fraction of all parameters skipped per decode token. "
+    "Each run used lists its samples: correct, wrong (an answer, not the gold), unscorable by "
+    "reason (truncated: cut at the token limit before answering; no_answer: ended without an "
+    "answer; unfinished_think: the think block never closed)."
 )
 # What makes two runs the same cell of a table; runs that differ only in how many problems they
 # saw (limit/subset) or in the generation settings are candidates for one cell.
@@ -40,6 +45,12 @@ class Table:
     frame: pd.DataFrame
     run_keys: list[str]
     note: str = FOOTNOTE
+    outcomes: dict[str, str] = field(default_factory=dict)  # run key -> how its samples ended
+
+    def _run_line(self, key: str, code: str) -> str:
+        """A run key, wrapped in `code` marks, and how its samples ended."""
+        outcome = self.outcomes.get(key)
+        return f"{code}{key}{code}" + (f" — {outcome}" if outcome else "")
 
     def markdown(self) -> str:
         body = (
@@ -50,13 +61,13 @@ class Table:
             if not self.frame.empty
             else "(no matching runs)"
         )
-        keys = "".join(f"\n- `{k}`" for k in sorted(self.run_keys))
+        keys = "".join(f"\n- {self._run_line(k, '`')}" for k in sorted(self.run_keys))
         used = f"\n\nRuns used:{keys}" if keys else ""
         return f"## {self.title}\n\n{body}\n\n{self.note}{used}\n"
 
     def latex(self) -> str:
         """A `table` environment for a paper; the note and the runs are comments above it."""
-        keys = "".join(f"% {k}\n" for k in sorted(self.run_keys))
+        keys = "".join(f"% {self._run_line(k, '')}\n" for k in sorted(self.run_keys))
         frame = self.frame if not self.frame.empty else pd.DataFrame({"": ["(no matching runs)"]})
         body = frame.to_latex(index=False, float_format="%.3f", na_rep="--", escape=True)
         return (
@@ -64,6 +75,24 @@ class Table:
             f"% Runs used:\n{keys}\\begin{{table}}[t]\n\\centering\n"
             f"\\caption{{{_tex(self.title)}}}\n{_math(body)}\\end{{table}}\n"
         )
+
+
+def _table(title: str, frame: pd.DataFrame, used: pd.DataFrame) -> Table:
+    """A table built from the runs in `used`, which its footnote lists with their outcomes."""
+    return Table(title, frame, list(used["run_key"]), outcomes=sample_outcomes(used))
+
+
+def sample_outcomes(runs: pd.DataFrame) -> dict[str, str]:
+    """Run key -> "c correct, w wrong, u unscorable (truncated t, no_answer a)", for generation
+    runs: how much of a run's loss is a wrong answer and how much no answer at all."""
+    out = {}
+    for r in runs[runs["correct"].notna()].itertuples():
+        wrong = r.n - r.correct - r.unscorable
+        line = f"{r.correct} correct, {wrong} wrong, {r.unscorable} unscorable"
+        reasons = r.unscorable_reasons if isinstance(r.unscorable_reasons, dict) else {}
+        why = ", ".join(f"{reason} {count}" for reason, count in sorted(reasons.items()))
+        out[r.run_key] = f"{line} ({why})" if why else line
+    return out
 
 
 def _tex(text: str) -> str:
@@ -144,7 +173,7 @@ def main_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int = 4
     )  # fmt: skip
     if not table.empty:
         table = table.merge(kl, on=["model", "method"], how="left").merge(extra)
-    return Table(f"Main table (batch {batch_size}, target ρ = 0.5)", table, list(sel["run_key"]))
+    return _table(f"Main table (batch {batch_size}, target ρ = 0.5)", table, sel)
 
 
 def batch_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
@@ -153,11 +182,11 @@ def batch_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
 
     One row per evaluation size (n problems), so a row never mixes batch sizes measured on
     different problems; takes all runs, not one per cell."""
-    sel = _at_target(_defaults_only(runs, defaults))
-    sel = sel.drop(columns="n").rename(columns={"problems": "n"})
+    used = _at_target(_defaults_only(runs, defaults))
+    sel = used.drop(columns="n").rename(columns={"problems": "n"})
     values = {"accuracy": "acc", "agreement": "agree", "kl": "KL", "realized_ffn": "(a)"}
     table = _wide(sel, ["benchmark", "model", "method", "n"], "batch_size", values)
-    return Table("Batch size (target ρ = 0.5)", table, list(sel["run_key"]))
+    return _table("Batch size (target ρ = 0.5)", table, used)
 
 
 def sparsity_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int = 4) -> Table:
@@ -166,7 +195,7 @@ def sparsity_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int
     sel = sel[(sel["batch_size"] == batch_size) & (sel["method"] != "dense")]
     values = {"accuracy": "acc", "realized_ffn": "(a)"}
     table = _wide(sel, ["benchmark", "model", "method"], "target_sparsity", values)
-    return Table(f"Target sparsity (batch {batch_size})", table, list(sel["run_key"]))
+    return _table(f"Target sparsity (batch {batch_size})", table, sel)
 
 
 def ablation_table(runs: pd.DataFrame, defaults: dict[str, str], argument: str) -> Table:
@@ -185,7 +214,7 @@ def ablation_table(runs: pd.DataFrame, defaults: dict[str, str], argument: str) 
     keys = ["benchmark", "model", "batch_size", "target_sparsity", argument]
     how = {c: "min" if c == "problems" else "mean" for c in columns}  # n stays a count
     table = sel.groupby(keys, as_index=False).agg(how).rename(columns=columns)
-    return Table(f"Ablation: {argument}", table, list(sel["run_key"]))
+    return _table(f"Ablation: {argument}", table, sel)
 
 
 ABLATIONS = ("memory", "aggregate", "select", "t_init", "t_explore", "t_prune")
@@ -199,7 +228,7 @@ RUNS_COLUMNS = [
 def runs_table(runs: pd.DataFrame) -> Table:
     """Every recorded run, one line each, target vs realized sparsity side by side."""
     table = runs.sort_values(["benchmark", "model", "method", "batch_size", "target_sparsity"])
-    return Table("All runs", table[RUNS_COLUMNS], list(table["run_key"]))
+    return _table("All runs", table[RUNS_COLUMNS], table)
 
 
 def speed_table(name: str, rows: list[dict]) -> Table:

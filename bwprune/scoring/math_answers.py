@@ -1,33 +1,43 @@
-"""Scoring of math answers: a pure function of (completion, gold), so finished runs can be rescored.
+"""Scoring of math answers: a pure function of (completion, gold, finish reason), for rescoring.
 
-Extraction and equivalence are math-verify's (huggingface/Math-Verify), as recommended in
-shared/research/baselines.md §6.6: the prediction's last `\\boxed{}` is preferred, falling back to
-the last LaTeX or plain-number expression. Only the LAST box is read (math-verify alone would merge
-several boxes into a set); equivalence is `verify(gold, pred)`, gold first.
+Equivalence is math-verify's (huggingface/Math-Verify, shared/research/baselines.md §6.6),
+`verify(gold, pred)`, gold first. Where the answer is read from is answer_span.py's rule: the last
+`\\boxed{}` (read alone: math-verify would merge several boxes into a set), else an answer cue's
+expression, else the last expression of a completion that ended on its own. Both sides are first
+rewritten into forms math-verify reads as meant (latex_forms.py).
 Gold answers are either plain numbers (GSM8K, AMC23: read as expressions) or LaTeX without
 delimiters (MATH-500's `answer`, Minerva's boxed solution: read as the content of a `\\boxed{}`).
-A completion with nothing to extract, or whose think block never closed, is unscorable
+A completion with no answer, cut off before one, or whose think block never closed is unscorable
 (`correct=None`), never silently wrong.
 """
 
 from __future__ import annotations
 
-import re
 import threading
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-from bwprune.scoring.common import NO_ANSWER, UNFINISHED_THINK, Score, strip_think
+from bwprune.scoring.answer_span import Located, locate_answer
+from bwprune.scoring.common import (
+    NO_ANSWER,
+    UNFINISHED_THINK,
+    Score,
+    strip_think,
+    unanswered,
+    was_cut,
+)
+from bwprune.scoring.latex_forms import (
+    choice_letter,
+    is_choice,
+    is_number,
+    normalize_answer,
+    without_units,
+)
 
 PRED_CONFIG = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
 GOLD_NUMBER_CONFIG = (ExprExtractionConfig(),)
 GOLD_LATEX_CONFIG = PRED_CONFIG
 TIMEOUT_S = 5
-
-# 4.5e33 -> 4.5\times10^{33}: in LaTeX `e` is Euler's number; math-verify reads 4.5e33 as 4.5*e*33.
-_E_NOTATION = re.compile(r"(\d)e([-+]?\d+)")
-# "-1./3" -> "-1/3": a decimal point with no digits after it (Minerva golds carry a few).
-_BARE_POINT = re.compile(r"(\d)\.(?=[/\s}]|$)")
 
 
 def _timeout() -> int | None:
@@ -36,44 +46,32 @@ def _timeout() -> int | None:
     return TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
 
 
-def last_boxed(text: str) -> str | None:
-    """The brace-matched content of the last `\\boxed{...}` (or `\\fbox{...}`); None if none."""
-    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
-    if start < 0:
-        return None
-    i = text.index("{", start)
-    depth = 0
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i + 1 : j]
-    return None  # an unclosed box: fall back to the whole text
-
-
-def normalize_answer(text: str) -> str:
-    """Answer text rewritten into forms math-verify parses as meant (gold and prediction alike).
-
-    `\\%` is dropped: with the antlr 4.9 parser hydra forces on us, latex2sympy crashes on
-    percentages inside a box and math-verify falls back to string comparison, so `\\boxed{18\\%}`
-    never matched gold 18; dropping it gives math-verify's own intent (9% == 9 for integers).
-    """
-    text = text.replace("\\%", "").replace("%", "")
-    return _BARE_POINT.sub(r"\1", _E_NOTATION.sub(r"\1\\times10^{\2}", text))
-
-
 def score_math(
-    completion: str, gold: str, latex_gold: bool = False, think_open: bool = False
+    completion: str,
+    gold: str,
+    finish_reason: str,
+    *,
+    latex_gold: bool = False,
+    units_in_answer: bool = False,
+    think_open: bool = False,
 ) -> Score:
-    """Score a completion against a gold answer: a number, or LaTeX when `latex_gold`."""
+    """Score a completion against a gold answer: a number, or LaTeX when `latex_gold`.
+
+    `finish_reason`: "stop" or "length" (cut at the token limit); `units_in_answer`: the
+    benchmark's convention drops units after a number (Minerva).
+    """
+    cut = was_cut(finish_reason)
     answer = strip_think(completion, think_open)
     if answer is None:
         return UNFINISHED_THINK
+    located = locate_answer(answer, cut)
+    if located is None:
+        return unanswered(cut)
     timeout = _timeout()
-    boxed = last_boxed(answer)
-    target = normalize_answer(f"\\boxed{{{boxed}}}" if boxed is not None else answer)
+    target = _prediction_text(located, gold, units_in_answer)
     pred = parse(target, extraction_config=PRED_CONFIG, parsing_timeout=timeout)
     if not pred:
-        return NO_ANSWER
+        return NO_ANSWER  # an answer was given but reads as nothing (an empty box, words)
     if latex_gold:
         boxed_gold = f"\\boxed{{{normalize_answer(gold)}}}"
         gold_parsed = parse(boxed_gold, GOLD_LATEX_CONFIG, parsing_timeout=timeout)
@@ -81,3 +79,14 @@ def score_math(
         gold_parsed = parse(gold, GOLD_NUMBER_CONFIG, parsing_timeout=timeout)
     correct = bool(verify(gold_parsed, pred, timeout_seconds=timeout))
     return Score(correct, str(pred[-1]), "ok")
+
+
+def _prediction_text(located: Located, gold: str, units_in_answer: bool) -> str:
+    """What math-verify parses: the located answer boxed, after the benchmark's rewrites."""
+    if not located.exact:
+        return normalize_answer(located.text)
+    text = choice_letter(located.text) if is_choice(gold) else located.text
+    text = normalize_answer(text)
+    if units_in_answer and is_number(gold):
+        text = without_units(text)
+    return f"\\boxed{{{text}}}"

@@ -65,7 +65,9 @@ def test_shipped_data_is_the_upstream_file(path, sha256):
 def test_every_gold_matches_itself_boxed(benchmark):
     bench = build(compose_cfg([f"benchmark={benchmark}"]).benchmark)
     wrong = [
-        e.id for e in bench.examples() if not bench.score(f"\\boxed{{{e.gold}}}", e.gold).correct
+        e.id
+        for e in bench.examples()
+        if not bench.score(f"\\boxed{{{e.gold}}}", e.gold, "stop").correct
     ]
     assert wrong == []
 
@@ -102,6 +104,13 @@ def test_gpqa_reads_the_official_csv_layout(tmp_path):
     assert all(from_csv[k].question == from_jsonl[k].question for k in same)
 
 
+def test_gpqa_letter_extraction_comes_from_the_config():
+    bench = build(compose_cfg(SYNTHETIC).benchmark)
+    assert bench.score("The answer is (B).", "B", "stop").correct is True  # the yaml: lenient
+    with pytest.raises(UserError, match=r"letter_extraction='loose'.*\['lenient', 'strict'\]"):
+        build(compose_cfg([*SYNTHETIC, "benchmark.letter_extraction=loose"]).benchmark)
+
+
 def test_synthetic_questions_are_never_reported_as_gpqa():
     with pytest.raises(UserError, match=r"SYNTHETIC.*benchmark.name="):
         examples("benchmark=gpqa_diamond", f"benchmark.data_file={FIXTURE}")
@@ -123,7 +132,10 @@ def test_gpqa_bad_local_file(tmp_path, content, suffix, message):
     path = tmp_path / f"gpqa{suffix}"
     path.write_text(content + "\n")
     with pytest.raises(UserError, match=message):
-        GPQA("gpqa_diamond", str(path), "{question}{choices}", "x/y", "c", "train").examples()
+        bench = GPQA(
+            "gpqa_diamond", str(path), "{question}{choices}", "x/y", "c", "train", "strict"
+        )
+        bench.examples()
 
 
 # --- subset, samples, pass@1 ------------------------------------------------------------------

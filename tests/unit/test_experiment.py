@@ -75,9 +75,12 @@ def test_rescore_recomputes_from_samples(cfg_factory):
     rows[0]["completion"] = f"... so the answer is \\boxed{{{rows[0]['gold']}}}"
     rows[0]["correct"] = None
     (folder / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    generated = {**record, "finished_at": "2026-01-01T00:00:00+00:00"}
+    (folder / "run.json").write_text(json.dumps(generated))
     new = rescore(folder)
     assert new["metrics"]["correct"] == record["metrics"]["correct"] + 1
     assert new["rescored"] and new["provenance"] == record["provenance"]
+    assert new["finished_at"] == generated["finished_at"]  # when it was generated, not rescored
 
 
 def test_wandb_failure_keeps_local_records(cfg_factory, monkeypatch):
@@ -148,11 +151,16 @@ def test_summary_metrics_for_generation_and_perplexity_records():
 
 
 def test_perplexity_benchmark_runs_through_run(cfg_factory):
-    record = run(cfg_factory("model=tiny_llama", "benchmark=wikitext2", "benchmark.seq_len=32",
-                             "benchmark.max_windows=4", "method=ours"))  # fmt: skip
+    cfg = cfg_factory("model=tiny_llama", "benchmark=wikitext2", "benchmark.seq_len=32",
+                      "benchmark.max_windows=4", "method=ours")  # fmt: skip
+    record = run(cfg)
     m = record["metrics"]
     assert m["perplexity"] > 1 and m["n_windows"] == 4
     assert record["benchmark"] == "wikitext2"
+    folder = Path(cfg.paths.runs_dir) / record["run_key"]
+    with pytest.raises(UserError, match="perplexity run: it has no answers"):
+        rescore(folder)  # and its metrics stay
+    assert json.loads((folder / "run.json").read_text())["metrics"] == m
 
 
 def test_nothing_leaks_between_jobs_in_one_process(cfg_factory):

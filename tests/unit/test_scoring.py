@@ -26,18 +26,27 @@ CASES = [
     (r"\boxed{18\%}", "18", True),  # "what percent" questions: math-verify's 9% == 9
     (r"\boxed{4e1}", "40", True),  # e-notation is a number, not 4*e*1
     (r"\boxed{18.}", "18", True),  # a bare decimal point
+    # An answer cue's expression, not its commentary (issue #16).
+    ("The answer is **18** (9 eggs at $2 each).", "18", True),
+    ("Janet sells 9 eggs. The answer is 18 (9 eggs at $2 each).", "18", True),
+    ("So the answer is $18. She sells 9 eggs at $2 each.", "18", True),
+    ("She uses 3 + 4 = 7 eggs, so the answer is 16 - 7 = 9 eggs, times 2.", "18", False),
+    ("It takes 2 + 1 bolts, so the answer is 2 + 1 = 3 (2 blue, 1 white).", "3", True),
+    ("Final Answer: The final answer is $18$. I hope it is correct.", "18", True),
+    ("<think>9 * 2 = 18</think>\n\n**Final Answer:** 18 dollars", "18", True),
+    (r"\boxed{1\,234}", "1234", True),  # a thin space between digit groups
 ]
 
 
 @pytest.mark.parametrize(("completion", "gold", "expected"), CASES)
 def test_score_math(completion, gold, expected):
-    assert score_math(completion, gold).correct is expected
+    assert score_math(completion, gold, "stop").correct is expected
 
 
 def test_unscorable_reasons():
-    assert score_math("<think>x", "1").reason == "unfinished_think"
-    assert score_math("nothing", "1").reason == "no_answer"
-    assert score_math(r"\boxed{2}", "2").prediction == "2"
+    assert score_math("<think>x", "1", "stop").reason == "unfinished_think"
+    assert score_math("nothing", "1", "stop").reason == "no_answer"
+    assert score_math(r"\boxed{2}", "2", "stop").prediction == "2"
 
 
 @pytest.mark.parametrize(
@@ -55,7 +64,7 @@ def test_strip_think():
     # The prompt opened the think block (R1 distills): no `</think>` means still thinking.
     assert strip_think("still thinking, maybe 3", think_open=True) is None
     assert strip_think("done</think>3", think_open=True) == "3"
-    assert score_math(r"\boxed{3}", "3", think_open=True).reason == "unfinished_think"
+    assert score_math(r"\boxed{3}", "3", "stop", think_open=True).reason == "unfinished_think"
 
 
 @pytest.mark.parametrize(
@@ -75,11 +84,13 @@ def test_scoring_off_the_main_thread_runs_without_timeouts():
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1) as pool:
-        assert pool.submit(score_math, r"\boxed{\frac{36}{2}}", "18").result().correct is True
+        assert (
+            pool.submit(score_math, r"\boxed{\frac{36}{2}}", "18", "stop").result().correct is True
+        )
 
 
 def test_last_boxed_is_brace_matched():
-    from bwprune.scoring.math_answers import last_boxed
+    from bwprune.scoring.answer_span import last_boxed
 
     assert last_boxed(r"\boxed{1} and \boxed{\frac{a}{b}} end") == r"\frac{a}{b}"
     assert last_boxed(r"\boxed{unclosed") is None

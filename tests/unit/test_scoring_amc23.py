@@ -33,7 +33,7 @@ CASES = [
 
 @pytest.mark.parametrize(("completion", "expected"), CASES)
 def test_amc23_scoring(completion, expected):
-    assert BENCH.score(completion, GOLD).correct is expected
+    assert BENCH.score(completion, GOLD, "stop").correct is expected
 
 
 @pytest.mark.parametrize(
@@ -44,4 +44,4 @@ def test_number_text(value, text):
 
 
 def test_thousands_separator_against_a_large_gold():
-    assert BENCH.score(r"\boxed{3,159}", number_text(3159.0)).correct is True
+    assert BENCH.score(r"\boxed{3,159}", number_text(3159.0), "stop").correct is True

@@ -39,9 +39,32 @@ CASES = [
     (r"<think>\boxed{2}</think> Hence \boxed{\frac{14}{3}}", r"\frac{14}{3}", True),
     (r"<think>Perhaps \boxed{\frac{14}{3}} but", r"\frac{14}{3}", None),  # unfinished think
     ("I cannot solve this.", r"\frac{14}{3}", None),  # nothing to extract
+    # Thin spaces and braced commas as thousands separators (issue #16): math-verify read 10\,080
+    # as a product. Golds as in the data file.
+    (r"\boxed{10\,080}", r"10,\!080", True),
+    (r"\boxed{10{,}080}", r"10,\!080", True),
+    (r"\boxed{10\!080}", r"10,\!080", True),
+    (r"\boxed{\$32\,348}", r"\$32,\!348", True),
+    (r"\boxed{11\,111\,111\,100}", r"11,\! 111,\! 111,\! 100", True),
+    (r"\boxed{10\,081}", r"10,\!080", False),
+    # \degree and the degree sign mean ^\circ.
+    (r"\boxed{90\degree}", r"90^\circ", True),
+    (r"\boxed{90°}", r"90^\circ", True),
+    (r"\boxed{45\degree}", r"90^\circ", False),
+    # A choice boxed with its label text, against a letter gold.
+    (r"\boxed{\text{(C) } 4}", r"\text{(C)}", True),
+    (r"\boxed{\textbf{(C)} \frac{1}{2}}", r"\text{(C)}", True),
+    (r"\boxed{(C)\ y = 2x}", r"\text{(C)}", True),
+    (r"\boxed{\text{(B) } 4}", r"\text{(C)}", False),
+    (
+        r"<think>(B)? no, C.</think>The answer is $\boxed{\text{(C) } \sqrt{2}}$.",
+        r"\text{(C)}",
+        True,
+    ),
+    (r"\boxed{52_{8}}", "52_8", True),  # subscripts with and without braces
 ]
 
 
 @pytest.mark.parametrize(("completion", "gold", "expected"), CASES)
 def test_math500_scoring(completion, gold, expected):
-    assert BENCH.score(completion, gold).correct is expected
+    assert BENCH.score(completion, gold, "stop").correct is expected
