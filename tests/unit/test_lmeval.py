@@ -120,7 +120,7 @@ def test_until_ends_the_row_and_is_cut(lm):
     stop = next(ch for ch in free[1:] if ch.isascii() and ch.isprintable())
     [cut] = lm.generate_until([generate_request([stop])])
     assert cut == free.split(stop)[0]
-    runner = lm.prepared.runner(SamplingConfig(16), seed=0)
+    runner = lm.prepared.runner(SamplingConfig(16), seed=0, generation=lm.cfg.generation)
     ids, attn = left_pad([lm.tok_encode(PROMPT)], lm.tokenizer.pad_token_id, lm.device)
     [c], _ = runner.generate_tokens(ids, attn, stop_strings=[stop])
     assert c.finish_reason == "stop" and c.text.endswith(stop) and c.new_tokens < 16
