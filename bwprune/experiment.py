@@ -22,16 +22,11 @@ from bwprune.generation.evaluate import generate_missing
 from bwprune.methods.base import PruningMethod
 from bwprune.perplexity import evaluate_perplexity
 from bwprune.prepared import prepare_model
-from bwprune.records import (
-    RunRecorder,
-    method_name,
-    provenance,
-    run_key,
-    summarize,
-    target_sparsity,
-)
+from bwprune.provenance import provenance
+from bwprune.records import RunRecorder, method_name, run_key, target_sparsity
 from bwprune.selection import num_samples, select_examples, work_items
 from bwprune.shards import merge_shards, shard_batches
+from bwprune.summary import summarize
 from bwprune.tracking import make_tracker
 
 log = logging.getLogger(__name__)

@@ -5,21 +5,17 @@ Layout of a run folder (see README "Results"):
   samples.jsonl  one line per (example, sample), appended and flushed after every batch
   timing.jsonl   one line per generated batch (prefill/decode seconds, per-step times)
   run.json       written last: metrics + provenance; its presence marks the run complete
-Metrics are a pure function of samples.jsonl and timing.jsonl (`summarize`), so an interrupted run
-resumes where it stopped and a rescored run needs no model. The row schemas of both files are
-here (`sample_row`, `timing_row`). This module imports no torch (tables and rescoring use it
-without a model) and knows nothing of any method.
+Metrics are a pure function of samples.jsonl and timing.jsonl (`bwprune.summary`), so an
+interrupted run resumes where it stopped and a rescored run needs no model. The row schemas of
+both files are here (`sample_row`, `timing_row`), and so are the run's identity and key. This
+module imports no torch (tables and rescoring use it without a model) and knows nothing of any
+method.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
-import platform
-import statistics
-import subprocess
-from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,7 +24,6 @@ from typing import TYPE_CHECKING
 from omegaconf import DictConfig, OmegaConf
 
 from bwprune.config import package_data_dir
-from bwprune.engine.realized import combine
 
 if TYPE_CHECKING:  # types only: importing them would pull torch into the report's imports
     from bwprune.benchmarks.base import Example
@@ -42,7 +37,6 @@ NON_IDENTITY_KEYS = (
 )  # fmt: skip
 # How the decode loop runs, never what it computes (tested token for token): not identity.
 ENGINE_KEYS = ("kv_cache", "compile", "compile_backend", "compaction")
-VERSIONED_PACKAGES = ("torch", "transformers", "math-verify", "hydra-core", "bwprune")
 
 
 def method_name(cfg: DictConfig) -> str:
@@ -90,43 +84,6 @@ def run_key(cfg: DictConfig) -> str:
     rho = target_sparsity(cfg)
     leaf = f"rho={rho:g}_bs={cfg.batch_size}_seed={cfg.seed}_{digest}"
     return f"{cfg.benchmark.name}/{cfg.model.name}/{method_name(cfg)}/{leaf}"
-
-
-def provenance(seed: int, device: str) -> dict:
-    """Where a run's numbers came from: code version, package versions, machine."""
-    repo = Path(__file__).resolve().parent.parent
-
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(
-                ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    versions = {}
-    for pkg in VERSIONED_PACKAGES:
-        try:
-            versions[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            versions[pkg] = None
-    status = git("status", "--porcelain", "--untracked-files=no")
-    import torch  # deferred: this module is also used by tools that never load a model
-
-    return {
-        "git_sha": git("rev-parse", "HEAD"),
-        "git_dirty": bool(status) if status is not None else None,
-        "versions": versions,
-        "python": platform.python_version(),
-        "device": device,
-        "device_name": torch.cuda.get_device_name()
-        if device.startswith("cuda")
-        else platform.processor() or platform.machine(),
-        "torch_threads": torch.get_num_threads(),
-        "hostname": platform.node(),
-        "seed": seed,
-    }
 
 
 class RunRecorder:
@@ -229,63 +186,6 @@ def timing_row(batch: list[tuple[Example, int]], timing: BatchTiming) -> dict:
         "decode_tokens": timing.decode_tokens,
         "step_ms": [round(1e3 * s, 4) for s in timing.step_s],
     }
-
-
-def pass_at_1(samples: list[dict]) -> float:
-    """Mean over problems of the fraction of their samples that are correct (unscorable = wrong).
-
-    With one sample per problem this is plain accuracy; with n it is the unbiased pass@1 estimate
-    (shared/research/baselines.md §6.5).
-    """
-    per_problem: dict[int, list[bool]] = {}
-    for s in samples:
-        per_problem.setdefault(s["index"], []).append(s["correct"] is True)
-    if not per_problem:
-        return 0.0
-    return sum(sum(c) / len(c) for c in per_problem.values()) / len(per_problem)
-
-
-def summarize(samples: list[dict], timings: list[dict], target_sparsity: float) -> dict:
-    """`run.json` metrics from the per-sample and per-batch records.
-
-    `n`, `correct`, `unscorable` count sample rows; `accuracy` is pass@1 over `problems`.
-    """
-    n = len(samples)
-    correct = sum(1 for s in samples if s["correct"] is True)
-    decode_s = sum(t["decode_s"] for t in timings)
-    steps_ms = [ms for t in timings for ms in t["step_ms"]]
-    problems = len({s["index"] for s in samples})
-    return {
-        "n": n,
-        "problems": problems,
-        "samples_per_problem": n / problems if problems else 0.0,
-        "accuracy": pass_at_1(samples),
-        "correct": correct,
-        "unscorable": sum(1 for s in samples if s["correct"] is None),
-        "unscorable_reasons": dict(
-            Counter(s["score_reason"] for s in samples if s["correct"] is None)
-        ),
-        "target_sparsity": target_sparsity,
-        "realized_sparsity": combine(s["sparsity"] for s in samples),
-        "mean_new_tokens": sum(s["new_tokens"] for s in samples) / n if n else 0.0,
-        "decode_tokens_per_s": sum(t["decode_tokens"] for t in timings) / decode_s
-        if decode_s
-        else 0.0,
-        "decode_ms_per_step": statistics.median(steps_ms) if steps_ms else 0.0,
-        "prefill_s": sum(t["prefill_s"] for t in timings),
-        "decode_s": decode_s,
-        "quality": combine_quality([s.get("quality") for s in samples]),
-    }
-
-
-def combine_quality(rows: list[dict]) -> dict:
-    """Run-level means, weighted by reference tokens."""
-    rows = [r for r in rows if r]
-    total = sum(r["tokens"] for r in rows)
-    if not total:
-        return {}
-    mean = {k: sum(r[k] * r["tokens"] for r in rows) / total for k in ("nll_dense", "nll", "kl")}
-    return {**mean, "nll_increase": mean["nll"] - mean["nll_dense"], "tokens": total}
 
 
 def _append_jsonl(path: Path, rows: Iterable[dict]) -> None:

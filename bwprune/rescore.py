@@ -15,7 +15,9 @@ from omegaconf import OmegaConf
 from bwprune.benchmarks.base import Benchmark
 from bwprune.config import build
 from bwprune.errors import UserError
-from bwprune.records import RunRecorder, provenance, summarize, target_sparsity
+from bwprune.provenance import provenance
+from bwprune.records import RunRecorder, target_sparsity
+from bwprune.summary import summarize
 
 
 def rescore(run_dir: str | Path) -> dict:

@@ -18,7 +18,8 @@ from typing import TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from bwprune.records import RunRecorder, run_key, summarize, target_sparsity
+from bwprune.records import RunRecorder, run_key, target_sparsity
+from bwprune.summary import summarize
 from bwprune.tracking import make_tracker
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.hooks import HookSet
 from bwprune.models.adapters import ModelAdapter
 from bwprune.prepared import PreparedModel, prepare_model
-from bwprune.records import provenance
+from bwprune.provenance import provenance
 
 log = logging.getLogger(__name__)
 

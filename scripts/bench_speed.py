@@ -20,7 +20,7 @@ from bwprune.config import build_method, compose_config
 from bwprune.generation.runner import EngineConfig
 from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
-from bwprune.records import provenance
+from bwprune.provenance import provenance
 from bwprune.report.speed_table import compaction_line, markdown_table
 from bwprune.speed import measure, measure_compaction
 

@@ -47,7 +47,8 @@ from bwprune.generation.prompts import render_messages
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.lmeval.compose import compose_from_model_args
 from bwprune.prepared import prepare_model
-from bwprune.records import method_name, provenance
+from bwprune.provenance import provenance
+from bwprune.records import method_name
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,11 @@ from bwprune.benchmarks.gpqa import GPQA
 from bwprune.config import build
 from bwprune.errors import UserError
 from bwprune.experiment import run
-from bwprune.records import RunRecorder, summarize
+from bwprune.records import RunRecorder
 from bwprune.report.averages import PAPER_BENCHMARKS, benchmark_average
 from bwprune.rescore import rescore
 from bwprune.selection import select_examples, work_items
+from bwprune.summary import summarize
 from tests.conftest import compose_cfg
 
 FIXTURE = str(Path(__file__).resolve().parent.parent / "fixtures" / "gpqa_synthetic.jsonl")
