@@ -30,20 +30,31 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("bwprune_data_dir", package_data_dir)
 
 
+# Numeric keys, checked for their type before their range: "abc" or 2.5 is a bad value, not a
+# traceback from float() or a batch size silently cut to 2. `limit` may also be null.
+INTEGERS = ("batch_size", "seed", "limit", "shard", "num_shards", "generation.max_new_tokens",
+            "generation.num_samples")  # fmt: skip
+NUMBERS = ("sparsity", "generation.temperature", "generation.top_p")
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise `UserError` naming the first bad top-level, model or generation value."""
-    if not 0.0 <= float(cfg.sparsity) < 1.0:
+    for key in (*INTEGERS, *NUMBERS):
+        value, integer = OmegaConf.select(cfg, key), key in INTEGERS
+        if not (_is_number(value, integer) or (key == "limit" and value is None)):
+            raise UserError(f"{key}={value!r} must be {'an integer' if integer else 'a number'}")
+    if not 0.0 <= cfg.sparsity < 1.0:
         raise UserError(f"sparsity={cfg.sparsity} is outside [0, 1)")
-    if int(cfg.batch_size) < 1:
+    if cfg.batch_size < 1:
         raise UserError(f"batch_size={cfg.batch_size} must be >= 1")
-    if cfg.limit is not None and int(cfg.limit) < 1:
+    if cfg.limit is not None and cfg.limit < 1:
         raise UserError(f"limit={cfg.limit} must be >= 1 (or null for the whole benchmark)")
-    if int(cfg.num_shards) < 1 or not 0 <= int(cfg.shard) < int(cfg.num_shards):
+    if cfg.num_shards < 1 or not 0 <= cfg.shard < cfg.num_shards:
         raise UserError(f"shard={cfg.shard} must be in [0, num_shards={cfg.num_shards})")
     gen = cfg.generation
-    if int(gen.max_new_tokens) < 1:
+    if gen.max_new_tokens < 1:
         raise UserError(f"generation.max_new_tokens={gen.max_new_tokens} must be >= 1")
-    if gen.do_sample and not (float(gen.temperature) > 0 and 0 < float(gen.top_p) <= 1):
+    if gen.do_sample and not (gen.temperature > 0 and 0 < gen.top_p <= 1):
         raise UserError(
             f"generation.temperature={gen.temperature} must be > 0 and "
             f"generation.top_p={gen.top_p} in (0, 1] when do_sample=true"
@@ -52,6 +63,12 @@ def validate(cfg: DictConfig) -> None:
         raise choices_error("model.dtype", cfg.model.dtype, DTYPES)
     if cfg.model.init not in ("pretrained", "random"):
         raise choices_error("model.init", cfg.model.init, ("pretrained", "random"))
+
+
+def _is_number(value: object, integer: bool) -> bool:
+    """An int (or, unless `integer`, a float); never a bool, which YAML also gives."""
+    kinds = (int,) if integer else (int, float)
+    return isinstance(value, kinds) and not isinstance(value, bool)
 
 
 def build(node: DictConfig) -> Any:

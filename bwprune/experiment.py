@@ -36,7 +36,8 @@ Evaluation = Callable[[DictConfig, Benchmark, PruningMethod, RunRecorder], tuple
 
 
 def run(cfg: DictConfig) -> dict:
-    """Run (or resume, or skip if complete) the configured job; returns its `run.json` record.
+    """Run (or resume, or skip if complete) the configured job; returns its `run.json` record,
+    with `stored: True` added when the run was complete already (its numbers are that run's).
 
     A shard's job also merges the shards into the unsharded run once they are all complete.
     """
@@ -50,8 +51,7 @@ def _run_job(cfg: DictConfig) -> dict:
     validate(cfg)
     recorder = RunRecorder(cfg.paths.runs_dir, run_key(cfg))
     if recorder.is_complete():
-        log.info("complete run found, skipping: %s", recorder.dir)
-        return recorder.record()
+        return _stored(recorder)
     benchmark: Benchmark = build(cfg.benchmark)
     evaluate = _perplexity_evaluation(cfg, benchmark) if benchmark.kind == "perplexity" else (
         partial(_generation, batches=_batches(cfg, benchmark))
@@ -68,6 +68,11 @@ def _run_job(cfg: DictConfig) -> dict:
         return record
     finally:
         tracker.finish()
+
+
+def _stored(recorder: RunRecorder) -> dict:
+    log.info("complete run found, skipping: %s", recorder.dir)
+    return {**recorder.record(), "stored": True}
 
 
 def _batches(cfg: DictConfig, benchmark: Benchmark) -> list[list[tuple[Example, int]]]:
@@ -99,11 +104,16 @@ def _perplexity_evaluation(cfg: DictConfig, benchmark: Benchmark) -> Evaluation:
             f"num_shards={cfg.num_shards}: benchmark={benchmark.name} is one perplexity "
             "evaluation and cannot be sharded; shard/num_shards apply to generation benchmarks"
         )
+    if cfg.subset is not None:
+        raise UserError(
+            f"subset={list(cfg.subset)}: benchmark={benchmark.name} is cut into windows, which "
+            "have no ids; limit=N evaluates its first N windows"
+        )
 
     def evaluate(cfg, benchmark, method, recorder) -> tuple[dict, str, list]:
         p = prepare_model(cfg, method)
         metrics = evaluate_perplexity(
-            p.model, p.tokenizer, method, p.adapter, benchmark, cfg.batch_size, p.ledger
+            p.model, p.tokenizer, method, p.adapter, benchmark, cfg.batch_size, p.ledger, cfg.limit
         )
         metrics["target_sparsity"] = target_sparsity(cfg)
         return metrics, str(p.device), []

@@ -70,15 +70,18 @@ def evaluate_perplexity(
     benchmark: WikiText2,
     batch_size: int = 1,
     ledger: SparsityLedger | None = None,
+    limit: int | None = None,
 ) -> dict:
     """Metrics: `perplexity`, `nll` (mean per token), `n_tokens`, `n_windows`, `seq_len`,
     `stride`, `eval_s`, `tokens_per_s`, and, with a `ledger` (built before `prepare`, like the
-    runner's), `realized_sparsity` — its summary with every window's forward counted as a step."""
+    runner's), `realized_sparsity` — its summary with every window's forward counted as a step.
+    `limit` keeps the first windows only: run.py's `limit` means the first N examples, and a
+    window is this benchmark's example."""
     if batch_size < 1:
         raise UserError(f"batch_size={batch_size!r} must be >= 1")
     device = next(model.parameters()).device
     ids = benchmark.token_ids(tokenizer)
-    windows = benchmark.windows(len(ids))
+    windows = benchmark.windows(len(ids))[:limit]
     driver = MethodDriver(method, ledger or SparsityLedger(adapter, device))
     total = torch.zeros((), dtype=torch.float64, device=device)
     n_tokens = 0

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from bwprune.errors import UserError
+from bwprune.errors import UserError, choices_error
 from bwprune.models.adapters import check_model_type
 from bwprune.models.byte_tokenizer import byte_tokenizer
 
@@ -32,9 +32,18 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def resolve_device(name: str) -> torch.device:
+    """`model.device` as a torch device; one this machine lacks is a `UserError` saying so, not
+    torch's traceback at the first tensor moved there."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise choices_error("model.device", name, ("auto", "cpu", "cuda", "cuda:<index>")) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"model.device={name!r}, but torch sees no CUDA device on this machine; "
+                        "use model.device=cpu (or auto)")  # fmt: skip
+    return device
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

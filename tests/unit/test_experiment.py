@@ -1,18 +1,24 @@
 """End to end on tiny models: records, resume, rescoring, trackers, and every bad input."""
 
 import json
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
+from bwprune.cli import summary
 from bwprune.errors import UserError
 from bwprune.experiment import run
 from bwprune.generation.runner import BatchedRunner
 from bwprune.records import RunRecorder, run_key
 from bwprune.rescore import rescore
 
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny_llama", "limit=6", "batch_size=4"]
 
 
@@ -108,11 +114,30 @@ def test_wandb_failure_keeps_local_records(cfg_factory, monkeypatch):
         (["model=smollm2_135m", "model.gguf_file=x.gguf"], "'x.gguf' is not in the installed"),
         (["model.arch.model_type=gpt2"], r"'gpt2' is not supported; supported types: \["),
         (["benchmark.data_file=/no/such.jsonl"], "does not exist"),
+        (["sparsity=abc"], "sparsity='abc' must be a number"),
+        (["batch_size=2.5"], "batch_size=2.5 must be an integer"),
+        (["seed=x"], "seed='x' must be an integer"),
+        (["model.device=gpu"], r"model.device='gpu' is not valid; choose one of \['auto', 'cpu'"),
+        pytest.param(
+            ["model.device=cuda"],
+            "model.device='cuda', but torch sees no CUDA device",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"),
+        ),
+        (["benchmark=wikitext2", "subset=[1]"], r"subset=\[1\]: .* limit=N evaluates its first N"),
     ],
 )
 def test_bad_input_gives_one_clear_error(cfg_factory, overrides, message):
     with pytest.raises(UserError, match=message):
         run(cfg_factory(*TINY, *overrides))
+
+
+def test_a_skipped_run_says_its_numbers_are_the_stored_ones(cfg_factory):
+    cfg = cfg_factory(*TINY)
+    first, again = run(cfg), run(cfg)
+    assert "stored" not in first and again["stored"]
+    assert "stored" not in summary(first, cfg.paths.runs_dir)
+    shown = summary(again, cfg.paths.runs_dir)
+    assert f"stored: numbers of the run that finished at {first['finished_at']}" in shown
 
 
 def test_hub_id_offline_says_how_to_pass_a_local_path(cfg_factory, monkeypatch):
@@ -129,14 +154,44 @@ def test_data_row_without_fields_names_file_and_line(cfg_factory, tmp_path):
 
 
 def test_cli_prints_one_line_for_bad_input(tmp_path):
-    root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
         [sys.executable, "run.py", "model=tiny_llama", "batch_size=0",
          f"paths.results_dir={tmp_path}"],
-        cwd=root, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 2
     assert out.stderr.strip() == "error: batch_size=0 must be >= 1"
+
+
+@pytest.mark.parametrize("results_dir", ["FILE", "null"])
+def test_cli_prints_one_line_for_an_unusable_results_dir(tmp_path, results_dir):
+    """Hydra writes its logs under paths.results_dir before run.py's code runs."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    value = str(a_file) if results_dir == "FILE" else results_dir
+    out = subprocess.run(
+        [sys.executable, "run.py", "model=tiny_llama", f"paths.results_dir={value}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert out.stderr.startswith("error: paths.results_dir")
+
+
+def test_ctrl_c_says_what_was_kept_and_how_to_resume(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "run.py", "model=tiny_llama", "limit=40", "batch_size=1",
+         "progress=false", f"paths.results_dir={tmp_path}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not list(tmp_path.glob("runs/**/timing.jsonl")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(r"error: interrupted; \d+ batches \(\d+ samples\) are kept in .*; run "
+                        r"the same command again to resume from there", last), last  # fmt: skip
 
 
 def test_summary_metrics_for_generation_and_perplexity_records():
@@ -161,6 +216,9 @@ def test_perplexity_benchmark_runs_through_run(cfg_factory):
     with pytest.raises(UserError, match="perplexity run: it has no answers"):
         rescore(folder)  # and its metrics stay
     assert json.loads((folder / "run.json").read_text())["metrics"] == m
+    limited = run(cfg_factory("model=tiny_llama", "benchmark=wikitext2", "benchmark.seq_len=32",
+                              "benchmark.max_windows=4", "limit=3"))  # fmt: skip
+    assert limited["metrics"]["n_windows"] == 3  # limit = the first N windows
 
 
 def test_nothing_leaks_between_jobs_in_one_process(cfg_factory):
@@ -175,11 +233,10 @@ def test_nothing_leaks_between_jobs_in_one_process(cfg_factory):
 
 @pytest.mark.slow
 def test_multirun_sweep_from_the_command_line(tmp_path):
-    root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
         [sys.executable, "run.py", "-m", "model=tiny_llama", "limit=2", "batch_size=1,2",
          "method=dense,ours", "progress=false", f"paths.results_dir={tmp_path}"],
-        cwd=root, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert len(list((tmp_path / "runs").glob("**/run.json"))) == 4

@@ -1,0 +1,94 @@
+"""What `run.py` prints and how it exits: a summary per run, or the one `error:` line the README
+promises for anything the user can fix (exit 2), Ctrl-C included (exit 130, with what was kept).
+
+The library raises and returns; only a command line decides what a person reads, so printing
+lives here. `ResultsDirCheck` is a Hydra callback because Hydra writes its own logs under
+`paths.results_dir` before any of bwprune's code runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from bwprune.records import RunRecorder, run_key
+
+BAD_INPUT, INTERRUPTED = 2, 130  # 130 = 128 + SIGINT, what a shell reports for Ctrl-C
+
+
+def fail(message: str, status: int = BAD_INPUT) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(status)
+
+
+def summary(record: dict, runs_dir: str) -> str:
+    """The run's key, its headline numbers and its folder; for a run that was complete already,
+    a line saying the numbers are the stored ones, so they are not mistaken for a new run's."""
+    m = record["metrics"]
+    rs = m.get("realized_sparsity") or {"ffn": 0.0, "params": 0.0}
+    sparsity = f"  realized sparsity ffn {rs['ffn']:.3f} params {rs['params']:.3f}"
+    if "perplexity" in m:
+        line = f"  perplexity {m['perplexity']:.3f} ({m['n_tokens']} tokens){sparsity}"
+    else:
+        line = (
+            f"  accuracy {m['accuracy']:.3f} ({m['correct']}/{m['n']}, {m['unscorable']} "
+            f"unscorable){sparsity}  decode {m['decode_tokens_per_s']:.1f} tok/s "
+            f"({m['decode_ms_per_step']:.1f} ms/step)"
+        )
+    folder = f"{runs_dir}/{record['run_key']}"
+    stored = (
+        f"\n  stored: numbers of the run that finished at {record['finished_at']}; nothing was "
+        f"generated now (delete {folder} to run it again)"
+        if record.get("stored")
+        else ""
+    )
+    return f"{record['run_key']}\n{line}\n  results: {folder}{stored}"
+
+
+def interrupted(cfg: DictConfig) -> str:
+    """What a Ctrl-C kept of the run (its folder keeps every batch recorded), and how to go on."""
+    recorder = RunRecorder(cfg.paths.runs_dir, run_key(cfg))
+    batches = recorder.timings()  # the committed batches: what a resumed run keeps
+    if not batches:
+        return "interrupted before any batch was recorded; nothing was kept"
+    samples = sum(len(t["indices"]) for t in batches)
+    return (
+        f"interrupted; {len(batches)} batches ({samples} samples) are kept in {recorder.dir}; "
+        "run the same command again to resume from there"
+    )
+
+
+def results_dir_problem(results_dir: Any) -> str | None:
+    """Why `paths.results_dir` cannot hold results, or None when it can (created if missing)."""
+    if results_dir in (None, ""):
+        return "paths.results_dir is not set; give a folder, e.g. paths.results_dir=results"
+    path = Path(str(results_dir)).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"paths.results_dir={str(results_dir)!r} cannot be created: {e.strerror}"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"paths.results_dir={str(results_dir)!r} is not writable"
+    return None
+
+
+class ResultsDirCheck(Callback):
+    """Registered in conf/config.yaml (`hydra.callbacks`): checks `paths.results_dir` before
+    Hydra creates its run folder there, which would otherwise fail with Hydra's traceback."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config)
+
+    @staticmethod
+    def _check(config: DictConfig) -> None:
+        problem = results_dir_problem(config.paths.results_dir)
+        if problem:
+            fail(problem)
