@@ -56,18 +56,21 @@ def _run_job(cfg: DictConfig) -> dict:
     evaluate = _perplexity_evaluation(cfg, benchmark) if benchmark.kind == "perplexity" else (
         partial(_generation, batches=_batches(cfg, benchmark))
     )  # fmt: skip
-    recorder.start(cfg)
-    method = build_method(cfg.method)  # bad method arguments fail here, before the model loads
+    method = build_method(cfg.method)  # bad method arguments fail here, before any folder
     name = method_name(cfg)
-    tracker = make_tracker(cfg, recorder.key, name)
-    try:
-        metrics, device, samples = evaluate(cfg, benchmark, method, recorder)
-        names = {"benchmark": benchmark.name, "model": cfg.model.name, "method": name}
-        record = recorder.finish(metrics, provenance(cfg.seed, device), extra=names)
-        tracker.log_run(record, samples)
-        return record
-    finally:
-        tracker.finish()
+    with recorder.owned():  # another process of this config: wait for it, then reuse its run
+        if recorder.is_complete():
+            return _stored(recorder)
+        recorder.start(cfg)
+        tracker = make_tracker(cfg, recorder.key, name)
+        try:
+            metrics, device, samples = evaluate(cfg, benchmark, method, recorder)
+            names = {"benchmark": benchmark.name, "model": cfg.model.name, "method": name}
+            record = recorder.finish(metrics, provenance(cfg.seed, device), extra=names)
+            tracker.log_run(record, samples)
+            return record
+        finally:
+            tracker.finish()
 
 
 def _stored(recorder: RunRecorder) -> dict:
@@ -89,12 +92,9 @@ def _generation(
     batches: list[list[tuple[Example, int]]],
 ) -> tuple[dict, str, list]:
     device = generate_missing(cfg, benchmark, method, batches, recorder)
-    wanted = {(e.index, k) for batch in batches for e, k in batch}
-    samples = sorted(
-        (s for s in recorder.samples() if RunRecorder.row_key(s) in wanted),
-        key=RunRecorder.row_key,
-    )
-    return summarize(samples, recorder.timings(), target_sparsity(cfg)), device, samples
+    samples, timings = recorder.rows()
+    samples = sorted(samples, key=RunRecorder.row_key)
+    return summarize(samples, timings, target_sparsity(cfg)), device, samples
 
 
 def _perplexity_evaluation(cfg: DictConfig, benchmark: Benchmark) -> Evaluation:

@@ -5,6 +5,7 @@ Layout of a run folder (see README "Results"):
   samples.jsonl  one line per (example, sample), appended and flushed after every batch
   timing.jsonl   one line per generated batch (prefill/decode seconds, per-step times)
   run.json       written last: metrics + provenance; its presence marks the run complete
+  .lock          while a process owns the folder (`bwprune.run_lock`)
 Metrics are a pure function of samples.jsonl and timing.jsonl (`bwprune.summary`), so an
 interrupted run resumes where it stopped and a rescored run needs no model. The row schemas of
 both files are here (`sample_row`, `timing_row`), and so are the run's identity and key. This
@@ -16,7 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +27,8 @@ from typing import TYPE_CHECKING
 from omegaconf import DictConfig, OmegaConf
 
 from bwprune.config import package_data_dir
+from bwprune.errors import UserError
+from bwprune.run_lock import hold
 
 if TYPE_CHECKING:  # types only: importing them would pull torch into the report's imports
     from bwprune.benchmarks.base import Example
@@ -87,7 +92,13 @@ def run_key(cfg: DictConfig) -> str:
 
 
 class RunRecorder:
-    """Owns one run folder: appends samples and timings as they come, writes run.json last."""
+    """Owns one run folder: appends batches as they come, writes run.json last.
+
+    A batch is committed by its line in timing.jsonl, written after its samples: samples without
+    it (a crash or a full disk between the two writes) are dropped when the run resumes, and
+    their batch is generated again, so every batch on record has both its samples and its timing.
+    Reading keeps the first row of a (problem, sample) pair or of a batch, should one be repeated.
+    """
 
     def __init__(self, root: str | Path, key: str) -> None:
         self.key = key
@@ -103,19 +114,39 @@ class RunRecorder:
         """The complete run's `run.json`."""
         return json.loads(self.run_path.read_text())
 
+    @contextmanager
+    def owned(self) -> Iterator[None]:
+        """This process's hold on the folder (`bwprune.run_lock`), waiting while another process
+        holds it. A run that stops before recording anything leaves no folder behind."""
+        results = (self.samples_path, self.timing_path, self.run_path)
+        with hold(self.dir):
+            try:
+                yield
+            except BaseException:
+                if not any(p.exists() for p in results):
+                    (self.dir / "config.yaml").unlink(missing_ok=True)
+                raise
+
     def start(self, cfg: DictConfig) -> None:
+        """Begin, or resume from the committed batches only (see the class), and write the
+        config; files are rewritten whole, so appends start on a clean line."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        for path in (self.samples_path, self.timing_path):
-            if path.exists():  # drop a line a crash cut short, so appends start on a clean line
-                rows = _read_jsonl(path)
-                path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-        (self.dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        samples, timings = self.samples(), self.timings()
+        have = {self.row_key(s) for s in samples}
+        timings = [t for t in timings if set(batch_keys(t)) <= have]
+        committed = {k for t in timings for k in batch_keys(t)}
+        samples = [s for s in samples if self.row_key(s) in committed]
+        with self._writing():
+            for path, rows in ((self.samples_path, samples), (self.timing_path, timings)):
+                if path.exists():
+                    _write_jsonl(path, rows)
+            (self.dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
 
     def samples(self) -> list[dict]:
-        return _read_jsonl(self.samples_path)
+        return _first_of_each(_read_jsonl(self.samples_path), self.row_key)
 
     def timings(self) -> list[dict]:
-        return _read_jsonl(self.timing_path)
+        return _first_of_each(_read_jsonl(self.timing_path), lambda t: tuple(batch_keys(t)))
 
     @staticmethod
     def row_key(sample: dict) -> tuple[int, int]:
@@ -125,15 +156,34 @@ class RunRecorder:
     def done_keys(self) -> set[tuple[int, int]]:
         return {self.row_key(s) for s in self.samples()}
 
+    def rows(self) -> tuple[list[dict], list[dict]]:
+        """Samples and timings, checked to agree: each sample in exactly one batch's timing,
+        each batch's samples all there. Metrics are computed from these only, so run.json never
+        summarizes a record that disagrees with itself."""
+        samples, timings = self.samples(), self.timings()
+        batched = Counter(k for t in timings for k in batch_keys(t))
+        have = {self.row_key(s) for s in samples}
+        faults = {
+            "sampled but in no batch's timing": have - set(batched),
+            "in a batch's timing but not sampled": set(batched) - have,
+            "in two batches": {k for k, n in batched.items() if n > 1},
+        }
+        found = "; ".join(f"{what}: {sorted(keys)[:4]}" for what, keys in faults.items() if keys)
+        if found:
+            raise UserError(f"{self.dir} is inconsistent, (problem, sample) pairs {found}; delete "
+                            "the folder and run the config again")  # fmt: skip
+        return samples, timings
+
     def append(self, samples: Iterable[dict], timing: dict) -> None:
-        """Write one batch; both files are flushed before generation goes on."""
-        _append_jsonl(self.samples_path, samples)
-        _append_jsonl(self.timing_path, [timing])
+        """Write one batch, committed by its timing line (see the class); both are flushed."""
+        with self._writing():
+            _append_jsonl(self.samples_path, samples)
+            _append_jsonl(self.timing_path, [timing])
 
     def write(self, samples: list[dict], timings: list[dict]) -> None:
         """Both files at once, for records assembled from others (merged shards)."""
-        for path, rows in ((self.samples_path, samples), (self.timing_path, timings)):
-            path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        _write_jsonl(self.samples_path, samples)
+        _write_jsonl(self.timing_path, timings)
 
     def finish(self, metrics: dict, prov: dict, extra: dict | None = None) -> dict:
         record = {
@@ -144,9 +194,26 @@ class RunRecorder:
             **(extra or {}),
         }
         tmp = self.run_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(record, indent=2) + "\n")
-        tmp.replace(self.run_path)
+        with self._writing():
+            tmp.write_text(json.dumps(record, indent=2) + "\n")
+            tmp.replace(self.run_path)
         return record
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A failed write (a full disk, a lost mount) as one line: what is kept, how to go on."""
+        try:
+            yield
+        except OSError as e:
+            raise UserError(
+                f"cannot write to {self.dir}: {e.strerror}; every batch recorded before is kept, "
+                "run the same command again to resume"
+            ) from None
+
+
+def batch_keys(timing: dict) -> list[tuple[int, int]]:
+    """The (problem, sample) pairs a timing row's batch held (rows before `samples`: sample 0)."""
+    return list(zip(timing["indices"], timing.get("samples") or [0] * len(timing["indices"])))
 
 
 def sample_row(
@@ -192,6 +259,18 @@ def _append_jsonl(path: Path, rows: Iterable[dict]) -> None:
     with path.open("a", encoding="utf-8") as f:
         f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         f.flush()
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def _first_of_each(rows: list[dict], key: Callable[[dict], Hashable]) -> list[dict]:
+    """`rows` without repeats of a key, the first kept: a record never counts a row twice."""
+    kept: dict = {}
+    for row in rows:
+        kept.setdefault(key(row), row)
+    return list(kept.values())
 
 
 def _read_jsonl(path: Path) -> list[dict]:

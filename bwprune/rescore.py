@@ -31,7 +31,7 @@ def rescore(run_dir: str | Path) -> dict:
     if benchmark.kind != "generate":  # rescoring would overwrite its metrics with empty ones
         raise UserError(f"{str(run_dir)!r} is a {benchmark.kind} run: it has no answers to score")
     recorder = RunRecorder(run_dir.parent, run_dir.name)
-    samples = recorder.samples()
+    samples, timings = recorder.rows()
     for s in samples:
         score = benchmark.score(
             s["completion"], s["gold"], s["finish_reason"], s.get("think_open", False)
@@ -41,7 +41,7 @@ def rescore(run_dir: str | Path) -> dict:
     tmp.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
     tmp.replace(recorder.samples_path)
     old = recorder.record() if recorder.is_complete() else {}
-    metrics = summarize(samples, recorder.timings(), target_sparsity(cfg))
+    metrics = summarize(samples, timings, target_sparsity(cfg))
     prov = old.get("provenance") or provenance(cfg.seed, str(cfg.model.device))
     # finished_at stays the generation's: tables pick the latest of equal runs by it, and
     # rescoring every run must not reorder them.

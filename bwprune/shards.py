@@ -65,8 +65,9 @@ def merge_shards(cfg: DictConfig) -> dict | None:
     staging = tempfile.mkdtemp(prefix=".merging-", dir=runs_dir)
     merged = RunRecorder(staging, key)
     merged.start(whole)
-    samples = sorted((s for r in shards for s in r.samples()), key=RunRecorder.row_key)
-    timings = sorted((t for r in shards for t in r.timings()),
+    rows = [r.rows() for r in shards]
+    samples = sorted((s for shard, _ in rows for s in shard), key=RunRecorder.row_key)
+    timings = sorted((t for _, shard in rows for t in shard),
                      key=lambda t: (t["samples"][0], t["indices"][0]))  # fmt: skip
     merged.write(samples, timings)
     records = [r.record() for r in shards]

@@ -131,6 +131,13 @@ def test_bad_input_gives_one_clear_error(cfg_factory, overrides, message):
         run(cfg_factory(*TINY, *overrides))
 
 
+def test_a_failed_model_load_leaves_no_run_folder(cfg_factory):
+    cfg = cfg_factory(*TINY, "model.path=/no/such/model")
+    with pytest.raises(UserError):
+        run(cfg)
+    assert not (Path(cfg.paths.runs_dir) / run_key(cfg)).exists()
+
+
 def test_a_skipped_run_says_its_numbers_are_the_stored_ones(cfg_factory):
     cfg = cfg_factory(*TINY)
     first, again = run(cfg), run(cfg)
