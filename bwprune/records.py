@@ -58,23 +58,37 @@ def identity(cfg: DictConfig) -> dict:
     """The resolved config without the keys that cannot change the outputs (the method's `name`
     is in the run key itself, its arguments and `_target_` are what the hash must see; the
     engine settings change speed only)."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    resolved.get("method", {}).pop("name", None)
-    for key in ENGINE_KEYS:
-        resolved.get("generation", {}).pop(key, None)
-    return _drop_cache_dirs({k: v for k, v in resolved.items() if k not in NON_IDENTITY_KEYS})
+    return _identity(OmegaConf.to_container(cfg, resolve=True), package_data_dir())
 
 
-def _drop_cache_dirs(node):
+def settings(recorded: dict) -> dict:
+    """A recorded run's identity (read back from its config.yaml) without the seed: what it
+    computed, so tables can tell the runs one cell may average from those it must not mix.
+    Shipped data is named relative to the data folder of the checkout that made the run."""
+    data_dir = recorded.get("paths", {}).get("data_dir") or package_data_dir()
+    ident = _identity(recorded, data_dir)
+    ident.pop("seed", None)
+    return ident
+
+
+def _identity(resolved: dict, data_dir: str) -> dict:
+    kept = {k: v for k, v in resolved.items() if k not in NON_IDENTITY_KEYS}
+    for group, dropped in (("method", ("name",)), ("generation", ENGINE_KEYS)):
+        if group in kept:
+            kept[group] = {k: v for k, v in kept[group].items() if k not in dropped}
+    return _portable(kept, data_dir)
+
+
+def _portable(node, data_dir: str):
     """Portable identity: where a cache lives never changes results (a method may carry
     `cache_dir`), and data shipped in the package is named relative to it, so the same config
     has the same key in every checkout."""
     if isinstance(node, dict):
-        return {k: _drop_cache_dirs(v) for k, v in node.items() if k != "cache_dir"}
+        return {k: _portable(v, data_dir) for k, v in node.items() if k != "cache_dir"}
     if isinstance(node, list):
-        return [_drop_cache_dirs(v) for v in node]
-    if isinstance(node, str) and node.startswith(package_data_dir()):
-        return "bwprune/data" + node[len(package_data_dir()) :]
+        return [_portable(v, data_dir) for v in node]
+    if isinstance(node, str) and node.startswith(data_dir):
+        return "bwprune/data" + node[len(data_dir) :]
     return node
 
 

@@ -43,8 +43,8 @@ def rescore(run_dir: str | Path) -> dict:
     old = recorder.record() if recorder.is_complete() else {}
     metrics = summarize(samples, timings, target_sparsity(cfg))
     prov = old.get("provenance") or provenance(cfg.seed, str(cfg.model.device))
-    # finished_at stays the generation's: tables pick the latest of equal runs by it, and
-    # rescoring every run must not reorder them.
+    # finished_at stays the generation's: it dates the samples, which rescoring keeps (and run.py
+    # names it when it shows a complete run's stored numbers).
     extra = {k: old[k] for k in ("benchmark", "model", "method", "finished_at") if k in old}
     recorder.key = old.get("run_key", run_dir.name)
     return recorder.finish(metrics, prov, extra={**extra, "rescored": True})

@@ -6,9 +6,8 @@ from pathlib import Path
 
 from bwprune.errors import UserError
 from bwprune.report import figures
-from bwprune.report.collect import load_runs
 from bwprune.report.tables import default_cells, default_runs, default_variants
-from bwprune.report.wandb_source import report_config, runs_dir
+from bwprune.report.wandb_source import report_config, source_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -16,17 +15,19 @@ ROOT = Path(__file__).resolve().parent.parent
 def main(overrides: list[str]) -> None:
     cfg = report_config(ROOT / "conf", overrides)
     try:
-        source = runs_dir(cfg)
+        runs, left_out = source_runs(cfg)
+        if not runs.empty:
+            defaults = default_variants(ROOT / "conf", sorted(runs["method"].unique()))
+            cells, every_size = default_cells(runs, defaults), default_runs(runs, defaults)
     except UserError as e:
         sys.exit(f"error: {e}")
+    if left_out:
+        print(left_out)
     results = Path(cfg.paths.results_dir)
     out = results / "figures"
     out.mkdir(parents=True, exist_ok=True)
     made = {}
-    runs = load_runs(source)
     if not runs.empty:
-        defaults = default_variants(ROOT / "conf", sorted(runs["method"].unique()))
-        cells, every_size = default_cells(runs, defaults), default_runs(runs, defaults)
         for y in ("agreement", "kl", "accuracy"):  # the largest swept evaluation size
             made[f"collapse_{y}"] = figures.collapse(every_size, y)
         made["accuracy_vs_realized_sparsity"] = figures.accuracy_vs_realized_sparsity(cells)

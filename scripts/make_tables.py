@@ -5,9 +5,8 @@ import sys
 from pathlib import Path
 
 from bwprune.errors import UserError
-from bwprune.report.collect import load_runs
 from bwprune.report.tables import all_tables, default_variants, speed_table, write_tables
-from bwprune.report.wandb_source import report_config, runs_dir
+from bwprune.report.wandb_source import report_config, source_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -15,16 +14,16 @@ ROOT = Path(__file__).resolve().parent.parent
 def main(overrides: list[str]) -> None:
     cfg = report_config(ROOT / "conf", overrides)
     try:
-        source = runs_dir(cfg)
+        runs, left_out = source_runs(cfg)
+        methods = sorted(runs["method"].unique()) if not runs.empty else []
+        tables = all_tables(runs, default_variants(ROOT / "conf", methods)) if methods else {}
     except UserError as e:
         sys.exit(f"error: {e}")
-    runs = load_runs(source)
-    results = Path(cfg.paths.results_dir)
-    tables = {}
+    if left_out:
+        print(left_out)
     if runs.empty:
-        print(f"no runs yet under {source}")
-    else:
-        tables = all_tables(runs, default_variants(ROOT / "conf", sorted(runs["method"].unique())))
+        print("no runs to tabulate")
+    results = Path(cfg.paths.results_dir)
     for speed in sorted((results / "speed").glob("*.json")):
         tables[f"speed_{speed.stem}"] = speed_table(
             speed.stem, json.loads(speed.read_text())["rows"]

@@ -2,20 +2,27 @@
 
 Tables and figures are built from these files only, never from W&B, so anyone with the results
 folder can rebuild them. Agreement with dense is computed here too: a run's final answers are
-compared with those of the dense run that matches it in everything but the method.
+compared with those of the dense run that matches it in everything but the method. Which runs
+enter is the caller's choice (`keys`); `committed_keys` gives the ones `make tables` uses.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
+from bwprune.errors import choices_error
+from bwprune.provenance import git
+from bwprune.records import settings
+
 # Method keys that say what is pruned how much, or name the method, not which variant it is: runs
 # recorded before conf/method/*.yaml carried `name` are the same variants as those after.
 NOT_VARIANT = ("_target_", "name", "sparsity", "calibration", "cache_dir")
+RUN_SETS = ("committed", "all")  # report.runs: which runs `make tables` reads (`report_runs`)
 # What must match for a dense run to be a method run's reference.
 PAIRING = ("benchmark", "model", "batch_size", "seed", "limit", "subset", "generation")
 
@@ -30,18 +37,54 @@ def _pairing_key(cfg: dict, benchmark: str, model: str) -> str:
     return json.dumps([benchmark, model, picked], sort_keys=True, default=str)
 
 
-def load_runs(runs_dir: str | Path) -> pd.DataFrame:
-    """One row per complete run under `runs_dir`: names, config, metrics, agreement with dense.
+def committed_keys(runs_dir: str | Path) -> set[str] | None:
+    """Keys of the runs whose run.json git tracks under `runs_dir` (runs are git-ignored, and
+    those behind published tables are added with `git add -f`); None outside a git work tree."""
+    listed = git(runs_dir, "ls-files", "-z", "--", ".")
+    if listed is None:
+        return None
+    return {str(Path(p).parent) for p in listed.split("\0") if Path(p).name == "run.json"}
+
+
+def report_runs(runs_dir: str | Path, which: str) -> tuple[pd.DataFrame, str | None]:
+    """The runs `make tables` and `make figures` use, and a note on the runs left out (or None).
+
+    `which="committed"`: only the runs git tracks, where `runs_dir` is in a git work tree, so an
+    ad-hoc run (`make run`, a smoke run, a sweep not yet added) never enters or rewrites the
+    committed tables; a folder outside git (a W&B download) is used whole. `"all"`: every run.
+    """
+    if which not in RUN_SETS:
+        raise choices_error("report.runs", which, RUN_SETS)
+    keys = committed_keys(runs_dir) if which == "committed" else None
+    if keys is None:
+        return load_runs(runs_dir), None
+    left_out = [p for p in Path(runs_dir).glob("*/*/*/*/run.json")
+                if p.parent.relative_to(runs_dir).as_posix() not in keys]  # fmt: skip
+    note = (
+        f"left out {len(left_out)} run(s) under {runs_dir} that git does not track (add them "
+        "with `git add -f`, or pass report.runs=all to include every run)"
+        if left_out
+        else None
+    )
+    return load_runs(runs_dir, keys), note
+
+
+def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.DataFrame:
+    """One row per complete run under `runs_dir` (of those in `keys`, unless None): names,
+    config, settings, metrics, agreement with dense (a dense run left out is no reference).
 
     A shard (`num_shards` > 1) is part of a run, not a run: it is left out, and its run appears
-    once the shards are merged (`bwprune.shards`).
+    once the shards are merged (`bwprune.shards`). `settings` is the run's identity without the
+    seed, `quality` apart (`measured`): quality only adds measurements to the same samples.
     """
     rows, predictions = [], {}
     for path in sorted(Path(runs_dir).glob("*/*/*/*/run.json")):
         record = json.loads(path.read_text())
         cfg = yaml.safe_load((path.parent / "config.yaml").read_text())
-        if cfg.get("num_shards", 1) > 1:
+        if cfg.get("num_shards", 1) > 1 or (keys is not None and record["run_key"] not in keys):
             continue
+        ident = settings(cfg)
+        measure = ident.pop("quality", None) or {}
         m = record["metrics"]
         rs = m.get("realized_sparsity") or {}
         quality = m.get("quality") or {}
@@ -55,6 +98,8 @@ def load_runs(runs_dir: str | Path) -> pd.DataFrame:
                 "model": record.get("model"),
                 "method": record.get("method"),
                 "variant": method_variant(cfg["method"]),
+                "settings": json.dumps(ident, sort_keys=True, default=str),
+                "measured": json.dumps(measure, sort_keys=True) if measure.get("enabled") else None,
                 "pairing": _pairing_key(cfg, record.get("benchmark"), record.get("model")),
                 "batch_size": cfg["batch_size"],
                 "seed": cfg["seed"],

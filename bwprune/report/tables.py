@@ -3,9 +3,10 @@
 Main, batch-size and sparsity tables use each method's default variant (its yaml defaults); the
 ablation tables vary one argument of `ours`; all but the runs table are about generation
 benchmarks (perplexity runs have their own numbers). Runs that differ only in how many problems
-they saw (`limit`, `subset`) or in generation settings compete for one cell, and the one with the
-most problems is used (`largest_evaluations`); seeds are averaged. Every table lists its runs,
-each with how its samples ended: correct, wrong, or unscorable by reason (bwprune/scoring).
+they saw (`limit`, `subset`) or in generation settings compete for one cell, and the setting with
+the most problems is used (`largest_evaluations`); seeds of one setting are averaged, different
+settings never are (`bwprune.report.cells`). Every table lists its runs, each with how its
+samples ended: correct, wrong, or unscorable by reason (bwprune/scoring).
 Realized sparsity follows bwprune/engine/ledger.py (decode steps only): (a) FFN neurons over all
 decode steps, (c) all parameters skipped per token.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from bwprune.report.cells import check_cells, largest_evaluations
 from bwprune.report.collect import method_variant
 from bwprune.report.speed_table import SPEED_COLUMNS, table_cells
 
@@ -32,9 +34,6 @@ FOOTNOTE = (
     "reason (truncated: cut at the token limit before answering; no_answer: ended without an "
     "answer; unfinished_think: the think block never closed)."
 )
-# What makes two runs the same cell of a table; runs that differ only in how many problems they
-# saw (limit/subset) or in the generation settings are candidates for one cell.
-CELL = ("benchmark", "model", "method", "variant", "batch_size", "seed", "target_sparsity")
 
 
 @dataclass(frozen=True)
@@ -119,12 +118,6 @@ def default_variants(conf_dir: str | Path, methods: list[str]) -> dict[str, str]
     return out
 
 
-def largest_evaluations(runs: pd.DataFrame) -> pd.DataFrame:
-    """One run per table cell: the one with the most problems (then the latest)."""
-    ordered = runs.sort_values(["problems", "finished_at"], ascending=False, kind="stable")
-    return ordered.drop_duplicates(list(CELL)).sort_index()
-
-
 def default_runs(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
     """Generation runs of each method's default variant, every evaluation size (the collapse)."""
     return _defaults_only(runs[runs["perplexity"].isna()], defaults)
@@ -146,7 +139,9 @@ def _at_target(runs: pd.DataFrame, rho: float = 0.5) -> pd.DataFrame:
 def _wide(
     runs: pd.DataFrame, index: list[str], column: str, values: dict[str, str]
 ) -> pd.DataFrame:
-    """`values` (run column -> label) spread over `column`, flat headers such as `acc B=4`."""
+    """`values` (run column -> label) spread over `column`, flat headers such as `acc B=4`;
+    a cell averages seeds of one setting only."""
+    check_cells(runs, [*index, column])
     table = runs.pivot_table(index=index, columns=column, values=list(values), aggfunc="mean")
     short = {"batch_size": "B", "target_sparsity": "ρ", "benchmark": ""}[column]
     table.columns = [

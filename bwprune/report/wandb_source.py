@@ -1,9 +1,9 @@
-"""The runs folder `make tables` / `make figures` read: the local one, or a download from W&B.
+"""The runs `make tables` / `make figures` read: the local folder's, or a download from W&B.
 
 With `report.source=wandb`, the files each W&B run carries (the copies of its run folder that
 `bwprune.tracking` uploads) are downloaded into a folder laid out like `paths.runs_dir`, so tables
-and figures come from the same `load_runs` whatever the source. This module reads no metric and
-builds no table; it never writes to `paths.runs_dir`.
+and figures come from the same `load_runs` whatever the source. This module builds no table; it
+never writes to `paths.runs_dir`.
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import pandas as pd
 from omegaconf import DictConfig
 
 from bwprune.config import compose_config
 from bwprune.errors import UserError, choices_error
+from bwprune.report.collect import report_runs
 from bwprune.tracking import RUN_FILES, RUN_FILES_DIR
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,13 @@ def report_config(conf_dir: str | Path, overrides: list[str]) -> DictConfig:
     config.yaml's defaults because a run's whole config, bar a few keys, is hashed into its
     run_key: a new top-level key there would rename every recorded run."""
     return compose_config(conf_dir, ["+report=default", *overrides])
+
+
+def source_runs(cfg: DictConfig) -> tuple[pd.DataFrame, str | None]:
+    """The runs of `report.source`, chosen by `report.runs` (`report_runs`), and a note on those
+    left out. A W&B download is used whole: `report.group` already chose its runs."""
+    which = cfg.report.runs if cfg.report.source == "local" else "all"
+    return report_runs(runs_dir(cfg), which)
 
 
 def runs_dir(cfg: DictConfig) -> Path:

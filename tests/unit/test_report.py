@@ -1,18 +1,28 @@
 """Tables and figures build from a results tree of real (tiny-model) runs."""
 
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
-from bwprune.report.collect import _agreement, load_runs, method_variant
+from bwprune.errors import UserError
+from bwprune.experiment import run
+from bwprune.report.cells import largest_evaluations
+from bwprune.report.collect import _agreement, load_runs, method_variant, report_runs
 from bwprune.report.tables import (
     all_tables,
+    batch_table,
     default_variants,
-    largest_evaluations,
     speed_table,
     write_tables,
 )
-from tests.conftest import CONF_DIR
+from tests.conftest import CONF_DIR, compose_cfg
 from tests.results_tree import build_results_tree
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +138,58 @@ def test_collapse_draws_the_largest_swept_evaluation_only():
     fig = figures.collapse(runs, "kl")
     assert [ax.get_title() for ax in fig.axes] == ["gsm8k, 100 problems"]
     assert [list(line.get_xdata()) for line in fig.axes[0].lines] == [[1, 4]]
+
+
+def test_a_cell_never_averages_runs_of_different_settings(tmp_path):
+    """Same method, batch and problems, another `generation.max_new_tokens`: not one cell."""
+    base = ["model=tiny_llama", "method=ours", "limit=2", "batch_size=2"]
+    for tokens in (24, 16):
+        run(compose_cfg([*base, f"generation.max_new_tokens={tokens}"], tmp_path))
+    runs = load_runs(tmp_path / "runs")
+    with pytest.raises(UserError, match=r"differ in generation.max_new_tokens \((24|16) vs"):
+        batch_table(runs, default_variants(CONF_DIR, ["ours"]))
+    with pytest.raises(UserError, match="one table cell would average runs of different settings"):
+        largest_evaluations(runs)
+
+
+def test_quality_settings_must_agree_only_among_runs_that_measured_quality(tmp_path):
+    """Quality adds measurements to the same samples: on or off is one cell, two KLs are not."""
+    base = ["model=tiny_llama", "method=ours", "limit=2", "batch_size=2"]
+    for quality in (["quality.enabled=false"], ["quality.enabled=true", "quality.max_tokens=4"]):
+        run(compose_cfg([*base, *quality], tmp_path))
+    defaults = default_variants(CONF_DIR, ["ours"])
+    assert len(batch_table(load_runs(tmp_path / "runs"), defaults).run_keys) == 2
+    run(compose_cfg([*base, "quality.enabled=true", "quality.max_tokens=6"], tmp_path))
+    with pytest.raises(UserError, match=r"differ in max_tokens \((4|6) vs"):
+        batch_table(load_runs(tmp_path / "runs"), defaults)
+
+
+def test_make_tables_reads_only_the_runs_git_tracks(results, tmp_path):
+    """An ad-hoc run (`make run`, a smoke run) must not enter, or rewrite, committed tables."""
+    runs_dir, keys = results
+    repo_runs = tmp_path / "results" / "runs"
+    for key in keys[:2]:  # the two dense runs
+        shutil.copytree(runs_dir / key, repo_runs / key)
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "add", "-f", str(repo_runs / keys[0])], check=True)
+
+    def make_tables(*args: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "scripts/make_tables.py", f"paths.results_dir={tmp_path / 'results'}",
+             *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert ("left out 1 run(s)" in out.stdout) == (not args)
+        return (tmp_path / "results" / "tables" / "runs.md").read_text()
+
+    committed = make_tables()
+    assert keys[0] in committed and keys[1] not in committed
+    assert keys[1] in make_tables("report.runs=all")
+
+
+def test_committed_tables_rebuild_from_the_committed_runs():
+    """results/tables/*.md are what `make tables` makes of the runs committed under results/."""
+    runs, _ = report_runs(ROOT / "results" / "runs", "committed")
+    tables = all_tables(runs, default_variants(CONF_DIR, sorted(runs["method"].unique())))
+    for stem, table in tables.items():
+        assert table.markdown() == (ROOT / "results" / "tables" / f"{stem}.md").read_text(), stem
