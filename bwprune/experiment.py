@@ -37,7 +37,7 @@ from bwprune.records import (
 )
 from bwprune.scoring.common import Score, prompt_opens_think
 from bwprune.shards import merge_shards, shard_batches
-from bwprune.tracking import make_tracker
+from bwprune.tracking import Tracker, make_tracker
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def _run_job(cfg: DictConfig) -> dict:
     method = build(cfg.method)  # bad method arguments fail here, before the model loads
     tracker = make_tracker(cfg, key, method_name(cfg))
     try:
-        device = _generate_missing(cfg, benchmark, method, batches, recorder)
+        device = _generate_missing(cfg, benchmark, method, batches, recorder, tracker)
         wanted = {(e.index, k) for batch in batches for e, k in batch}
         samples = sorted(
             (s for s in recorder.samples() if RunRecorder.row_key(s) in wanted),
@@ -195,6 +195,7 @@ def _generate_missing(
     method: Any,
     batches: list[list[tuple[Example, int]]],
     recorder: RunRecorder,
+    tracker: Tracker,
 ) -> str:
     """Generate every batch that has a (problem, sample) not yet on disk; returns the device.
 
@@ -233,7 +234,9 @@ def _generate_missing(
                     think_open = prompt_opens_think(prompt)
                     score = benchmark.score(c.text, e.gold, think_open)
                     rows.append(sample_row(e, k, c, score, think_open, q))
-            recorder.append(rows, _timing_row(batch, timing))
+            timing_row = _timing_row(batch, timing)
+            recorder.append(rows, timing_row)
+            tracker.log_batch(rows, timing_row)
             scored += len(rows)
             correct += sum(r["correct"] is True for r in rows)
             tokens += timing.decode_tokens
