@@ -224,7 +224,7 @@ def _generate_missing(
             ids, attn = runner.encode(prompts)
             completions, timing = runner.generate_tokens(ids, attn)
             quality = (
-                forced_quality(runner, ids, attn, references[number])
+                forced_quality(runner, ids, attn, references[number], cfg.quality.traces)
                 if references
                 else [None] * len(batch)
             )

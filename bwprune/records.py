@@ -34,6 +34,9 @@ NON_IDENTITY_KEYS = (
     "logger", "paths", "tags", "exp_name", "progress", "sparsity", "calibration", "hydra",
 )  # fmt: skip
 VERSIONED_PACKAGES = ("torch", "transformers", "math-verify", "hydra-core", "bwprune")
+# Options added after runs were recorded: in a run's identity only when set away from their
+# default, so adding one does not re-key (and so re-run) every recorded run.
+LATE_OPTIONS = {("quality", "traces"): False}
 
 
 def method_name(cfg: DictConfig) -> str:
@@ -49,6 +52,9 @@ def target_sparsity(cfg: DictConfig) -> float:
 def identity(cfg: DictConfig) -> dict:
     """The resolved config without the keys that cannot change the outputs."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
+    for (group, key), default in LATE_OPTIONS.items():
+        if resolved.get(group, {}).get(key, default) == default:
+            resolved.get(group, {}).pop(key, None)
     return _drop_cache_dirs({k: v for k, v in resolved.items() if k not in NON_IDENTITY_KEYS})
 
 
