@@ -6,41 +6,49 @@ and summary read from it are what `wandb sync` would upload.
 
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
 
 from bwprune.experiment import run
-from bwprune.generation.runner import BatchedRunner
 from bwprune.tracking import running_metrics, summary_metrics, wandb_run_id
+from tests.conftest import interrupt_generation
 
 TINY = ["model=tiny_llama", "limit=6", "batch_size=2", "generation.max_new_tokens=8"]
 WANDB = ["logger=wandb", "logger.mode=offline", "quality.enabled=true", "quality.max_tokens=4"]
 BLOCK = 32768  # LevelDB log block; W&B's file starts with a 7-byte header
 
 
-def wandb_records(path: Path):
-    """The protobuf records of an offline W&B run file, reassembled from LevelDB log chunks."""
+def wandb_records(path: Path) -> list:
+    """The complete protobuf records of an offline W&B run file (LevelDB log chunks)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    data, pos, chunks = path.read_bytes(), 7, b""
-    assert data[:4] == b":W&B"
+    data, pos, chunks, records = path.read_bytes(), 7, b"", []
     while pos + 7 <= len(data):
         if BLOCK - pos % BLOCK < 7:  # a block's tail too short for a chunk header is padding
             pos += BLOCK - pos % BLOCK
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if pos + 7 + length > len(data):  # the writer is still at it
+            break
         chunks += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # FULL or LAST: a record is complete
-            record = pb.Record()
-            record.ParseFromString(chunks)
+            records.append(pb.Record())
+            records[-1].ParseFromString(chunks)
             chunks = b""
-            yield record
+    return records
 
 
-def offline_run(path: Path) -> tuple[str, list[dict], dict]:
-    """(run id, history entries, final summary) of a finished offline run."""
+def offline_run(path: Path, timeout_s: float = 60) -> tuple[str, list[dict], dict]:
+    """(run id, history entries, final summary) of a finished offline run. W&B's service writes
+    the file in the background and may still be at it after `finish` returns: wait for the run's
+    `exit` record, its last."""
+    deadline = time.monotonic() + timeout_s
+    while not any(r.WhichOneof("record_type") == "exit" for r in wandb_records(path)):
+        assert time.monotonic() < deadline, f"no exit record in {path} after {timeout_s} s"
+        time.sleep(0.2)
     history, summary, run_id = [], {}, None
     for r in wandb_records(path):
         kind = r.WhichOneof("record_type")
@@ -91,19 +99,11 @@ def test_offline_history_has_one_entry_per_batch_and_summary_equals_run_json(
 
 
 def test_resumed_run_continues_its_curves(cfg_factory, wandb_files, monkeypatch):
-    real, calls = BatchedRunner.generate_tokens, []
-
-    def crash_on_second_batch(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(BatchedRunner, "generate_tokens", crash_on_second_batch)
     overrides = [*TINY, "logger=wandb", "logger.mode=offline"]
+    resume = interrupt_generation(monkeypatch, call=2)
     with pytest.raises(KeyboardInterrupt):
         run(cfg_factory(*overrides))
-    monkeypatch.setattr(BatchedRunner, "generate_tokens", real)
+    resume()
     run(cfg_factory(*overrides))
     (first_id, first, _), (second_id, second, _) = map(offline_run, wandb_files)
     assert first_id == second_id, "the same W&B run, resumed"
