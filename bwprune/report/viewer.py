@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
 from bwprune.errors import UserError
-from bwprune.records import RunRecorder, method_name, summarize, target_sparsity
+from bwprune.records import RunRecorder, summarize, target_sparsity
 from bwprune.report.collect import PAIRING, pairing_key
 from bwprune.report.divergence import Tokens, first_divergence, tokenize
 
@@ -72,6 +72,12 @@ class RunFolder:
     def key(self) -> str:
         """`<benchmark>/<model>/<method>/<run>`: the folder's run key."""
         return "/".join(self.dir.resolve().parts[-4:])
+
+    @property
+    def method(self) -> str:
+        """The method's name as in the run key (read from the folder: configs of older runs
+        name it differently)."""
+        return self.dir.resolve().parent.name
 
 
 def _pairing(cfg: DictConfig) -> str:
@@ -163,7 +169,7 @@ def _header(run: RunFolder, dense: RunFolder) -> dict:
         return metrics
 
     return {
-        "method": method_name(cfg),
+        "method": run.method,
         "run": run.key,
         "dense": dense.key,
         "complete": run.complete,
