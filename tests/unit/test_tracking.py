@@ -67,11 +67,14 @@ def _items(items) -> dict:
 
 
 @pytest.fixture
-def wandb_files(monkeypatch) -> list[Path]:
-    """The `.wandb` file of every W&B run started in the test, in order (W&B keeps the folder of
-    the first run in the process, so it is asked for rather than set)."""
+def wandb_files(monkeypatch, tmp_path) -> list[Path]:
+    """The `.wandb` file of every W&B run started in the test, in order. W&B keeps the folder of
+    the process's first run: the one set here holds it when this test is first, so it is asked for
+    rather than assumed."""
     import wandb
 
+    for var in ("WANDB_DIR", "WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb"))
     real_init, files = wandb.init, []
 
     def init(**kwargs):
