@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-fast lint format tables figures traces bench rescore clean
+.PHONY: help install run test test-fast lint format tables figures traces bench rescore view clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -52,6 +52,9 @@ bench: $(STAMP)  ## decode speed, methods alternated in one process -> results/s
 
 rescore: $(STAMP)  ## re-score a run without a model: make rescore RUN=results/runs/...
 	$(PY) scripts/rescore.py $(RUN)
+
+view: $(STAMP)  ## a run vs its dense run as one HTML page: make view RUN=results/runs/... -> results/views/
+	$(PY) scripts/view.py $(RUN) $(ARGS)
 
 clean:  ## caches and Hydra logs (never results/runs)
 	rm -rf .pytest_cache .ruff_cache results/hydra

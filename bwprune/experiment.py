@@ -27,12 +27,14 @@ from bwprune.records import RunRecorder, method_name, run_key, target_sparsity
 from bwprune.selection import num_samples, select_examples, work_items
 from bwprune.shards import merge_shards, shard_batches
 from bwprune.summary import summarize
-from bwprune.tracking import make_tracker
+from bwprune.tracking import Tracker, make_tracker
 
 log = logging.getLogger(__name__)
 
-# (cfg, benchmark, method, recorder) -> (metrics, device, sample rows)
-Evaluation = Callable[[DictConfig, Benchmark, PruningMethod, RunRecorder], tuple[dict, str, list]]
+# (cfg, benchmark, method, recorder, tracker) -> (metrics, device, sample rows)
+Evaluation = Callable[
+    [DictConfig, Benchmark, PruningMethod, RunRecorder, Tracker], tuple[dict, str, list]
+]
 
 
 def run(cfg: DictConfig) -> dict:
@@ -64,7 +66,7 @@ def _run_job(cfg: DictConfig) -> dict:
         recorder.start(cfg)
         tracker = make_tracker(cfg, recorder.key, name)
         try:
-            metrics, device, samples = evaluate(cfg, benchmark, method, recorder)
+            metrics, device, samples = evaluate(cfg, benchmark, method, recorder, tracker)
             names = {"benchmark": benchmark.name, "model": cfg.model.name, "method": name}
             record = recorder.finish(metrics, provenance(cfg.seed, device), extra=names)
             tracker.log_run(record, samples)
@@ -89,9 +91,10 @@ def _generation(
     benchmark: Benchmark,
     method: PruningMethod,
     recorder: RunRecorder,
+    tracker: Tracker,
     batches: list[list[tuple[Example, int]]],
 ) -> tuple[dict, str, list]:
-    device = generate_missing(cfg, benchmark, method, batches, recorder)
+    device = generate_missing(cfg, benchmark, method, batches, recorder, tracker)
     samples, timings = recorder.rows()
     samples = sorted(samples, key=RunRecorder.row_key)
     return summarize(samples, timings, target_sparsity(cfg)), device, samples
@@ -110,7 +113,7 @@ def _perplexity_evaluation(cfg: DictConfig, benchmark: Benchmark) -> Evaluation:
             "have no ids; limit=N evaluates its first N windows"
         )
 
-    def evaluate(cfg, benchmark, method, recorder) -> tuple[dict, str, list]:
+    def evaluate(cfg, benchmark, method, recorder, tracker) -> tuple[dict, str, list]:
         p = prepare_model(cfg, method)
         metrics = evaluate_perplexity(
             p.model, p.tokenizer, method, p.adapter, benchmark, cfg.batch_size, p.ledger, cfg.limit

@@ -97,25 +97,51 @@ def binned_kl(p_top_logp: torch.Tensor, top_index: torch.Tensor, q_logp: torch.T
 
 
 def forced_quality(
-    runner: BatchedRunner, ids: torch.Tensor, attn: torch.Tensor, ref: DenseReference
+    runner: BatchedRunner,
+    ids: torch.Tensor,
+    attn: torch.Tensor,
+    ref: DenseReference,
+    traces: bool = False,
 ) -> list[dict]:
-    """Per row: reference length, mean NLL under dense and under the runner's method, mean KL."""
+    """Per row: reference length, mean NLL under dense and under the runner's method, mean KL;
+    with `traces` (`quality.traces`) also the KL and NLL of every reference token, which show
+    where along the reference the method leaves dense (`make view` draws them)."""
     ref = ref.to(runner.device)
     batch = ids.shape[0]
     nll = torch.zeros(batch, dtype=torch.float64, device=runner.device)
     kl = torch.zeros_like(nll)
+    steps: list[tuple[torch.Tensor, torch.Tensor]] = []  # (B,) KL and NLL per position
 
     def observe(i: int, logits: torch.Tensor) -> None:
         logp = logits.float().log_softmax(-1)  # (B, V)
         valid = (i < ref.forcing.lengths).to(torch.float64)
         target = ref.forcing.tokens[:, i : i + 1]
-        nll.add_(-logp.gather(-1, target).squeeze(-1).double() * valid)
-        kl.add_(binned_kl(ref.top_logp[:, i], ref.top_index[:, i], logp).double() * valid)
+        step_nll = -logp.gather(-1, target).squeeze(-1).double() * valid
+        step_kl = binned_kl(ref.top_logp[:, i], ref.top_index[:, i], logp).double() * valid
+        nll.add_(step_nll)
+        kl.add_(step_kl)
+        if traces:
+            steps.append((step_kl, step_nll))
 
     runner.generate_tokens(ids, attn, forced=ref.forcing, observe=observe)
     n = ref.forcing.lengths.double()
     rows = zip(n.tolist(), (ref.nll.double() / n).tolist(), (nll / n).tolist(), (kl / n).tolist())
-    return [
+    out = [
         {"tokens": int(t), "nll_dense": a, "nll": b, "nll_increase": b - a, "kl": k}
         for t, a, b, k in rows
     ]
+    if traces:
+        _add_traces(out, steps)
+    return out
+
+
+def _add_traces(rows: list[dict], steps: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Per row, the KL and NLL of each reference token, at 4 decimals: traces are large."""
+    kl = torch.stack([k for k, _ in steps], 1).tolist()  # (B, N)
+    nll = torch.stack([n for _, n in steps], 1).tolist()
+    for row, row_kl, row_nll in zip(rows, kl, nll):
+        n = row["tokens"]
+        row["trace"] = {
+            "kl": [round(v, 4) for v in row_kl[:n]],
+            "nll": [round(v, 4) for v in row_nll[:n]],
+        }

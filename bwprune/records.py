@@ -42,6 +42,9 @@ NON_IDENTITY_KEYS = (
 )  # fmt: skip
 # How the decode loop runs, never what it computes (tested token for token): not identity.
 ENGINE_KEYS = ("kv_cache", "compile", "compile_backend", "compaction")
+# Options added after runs were recorded: in a run's identity only when set away from their
+# default, so adding one does not re-key (and so re-run) every recorded run.
+LATE_OPTIONS = {("quality", "traces"): False}
 
 
 def method_name(cfg: DictConfig) -> str:
@@ -73,6 +76,9 @@ def settings(recorded: dict) -> dict:
 
 def _identity(resolved: dict, data_dir: str) -> dict:
     kept = {k: v for k, v in resolved.items() if k not in NON_IDENTITY_KEYS}
+    for (group, key), default in LATE_OPTIONS.items():
+        if kept.get(group, {}).get(key, default) == default:
+            kept[group] = {k: v for k, v in kept[group].items() if k != key}
     for group, dropped in (("method", ("name",)), ("generation", ENGINE_KEYS)):
         if group in kept:
             kept[group] = {k: v for k, v in kept[group].items() if k not in dropped}

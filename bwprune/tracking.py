@@ -3,18 +3,22 @@
 The local run folder is the source of truth; a tracker only mirrors it, and W&B keeps a copy of
 the folder's files so `report.source=wandb` can rebuild it (bwprune/report/wandb_source.py). A
 tracker failure is logged and never stops a run, and `finish` is always called (multirun jobs
-share one process).
+share one process). After every batch the W&B run gets the running metrics of the rows recorded
+so far, so a collapsing method shows on its page hours before the run ends.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
+
+from bwprune.records import RunRecorder, summarize, target_sparsity
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +28,26 @@ RUN_FILES = ("config.yaml", "run.json", "samples.jsonl", "timing.jsonl")
 RUN_FILES_DIR = "bwprune"
 
 
+# The x-axis of every per-batch curve: sample rows scored so far (the problem count with one sample
+# per problem), so curves from runs at different batch sizes line up.
+STEP_METRIC = "n"
+
+
+class Tracker(Protocol):
+    """What the experiment loop calls; every method returns normally whatever the backend does."""
+
+    def log_batch(self, rows: list[dict], timing: dict) -> None: ...
+
+    def log_run(self, record: dict, samples: list[dict]) -> None: ...
+
+    def finish(self) -> None: ...
+
+
 class NullTracker:
     """`logger=none`: records stay local."""
+
+    def log_batch(self, rows: list[dict], timing: dict) -> None:
+        pass
 
     def log_run(self, record: dict, samples: list[dict]) -> None:
         pass
@@ -35,12 +57,20 @@ class NullTracker:
 
 
 class WandbTracker:
-    """`logger=wandb`: config, metrics (acc/, sparsity/, speed/ sections), a samples table and
-    a copy of the run folder's files."""
+    """`logger=wandb`: config, per-batch running metrics, final metrics (acc/, sparsity/, speed/
+    sections), a samples table and a copy of the run folder's files.
+
+    The W&B run id is derived from the run key and opened with `resume="allow"`, so a resumed run
+    continues its curves on the same W&B run instead of starting a new one.
+    """
 
     def __init__(self, cfg: DictConfig, run_key: str, method: str) -> None:
         self.run: Any = None
-        self.run_dir = Path(cfg.paths.runs_dir) / run_key  # RunRecorder's folder for this run
+        recorder = RunRecorder(cfg.paths.runs_dir, run_key)
+        self.run_dir = recorder.dir
+        # Rows of earlier sessions of a resumed run: the running metrics continue from them.
+        self.samples, self.timings = recorder.samples(), recorder.timings()
+        self.benchmark, self.target_sparsity = str(cfg.benchmark.name), target_sparsity(cfg)
         mode = cfg.logger.mode
         if mode == "auto":
             mode = "online" if os.environ.get("WANDB_API_KEY") or _logged_in() else "offline"
@@ -55,13 +85,29 @@ class WandbTracker:
                 group=cfg.exp_name,
                 job_type=method,
                 name=run_key,
+                id=wandb_run_id(run_key),
+                resume="allow",
                 tags=list(cfg.tags),
                 config=OmegaConf.to_container(cfg, resolve=True),
                 mode=mode,
                 reinit="finish_previous",
             )
+            self.run.define_metric(STEP_METRIC)
+            self.run.define_metric("*", step_metric=STEP_METRIC)
         except Exception as e:  # the run must complete with its local records whatever wandb does
             log.warning("wandb.init failed (%s); continuing with local records only", e)
+
+    def log_batch(self, rows: list[dict], timing: dict) -> None:
+        """One history entry: the running metrics after this batch, and its live rows."""
+        if self.run is None:
+            return
+        self.samples.extend(rows)
+        self.timings.append(timing)
+        try:
+            m = running_metrics(self.samples, self.timings, self.target_sparsity, self.benchmark)
+            self.run.log({**m, "live_rows": len(timing["indices"])})
+        except Exception as e:
+            log.warning("wandb logging failed (%s); local records are complete", e)
 
     def log_run(self, record: dict, samples: list[dict]) -> None:
         if self.run is None:
@@ -77,7 +123,7 @@ class WandbTracker:
             table = wandb.Table(columns=columns)
             for s in samples:
                 table.add_data(*(s[c] for c in columns))
-            self.run.log({"samples": table})
+            self.run.summary["samples"] = table  # not `log`: history holds one entry per batch
         except Exception as e:
             log.warning("wandb logging failed (%s); local records are complete", e)
 
@@ -113,6 +159,7 @@ SUMMARY_NAMES = {
     "tokens_per_s": "speed/eval_tokens_per_s",
     "n": "n",
     "unscorable": "unscorable",
+    "mean_new_tokens": "gen/mean_new_tokens",
 }
 
 
@@ -124,6 +171,8 @@ def summary_metrics(record: dict) -> dict:
         out[f"acc/{bench}"] = m["accuracy"]
     if "perplexity" in m:
         out[f"ppl/{bench}"] = m["perplexity"]
+    if m.get("n") and "unscorable" in m:
+        out["unscorable_share"] = m["unscorable"] / m["n"]
     for key in ("ffn", "ffn_sparse_steps", "params"):
         if key in (m.get("realized_sparsity") or {}):
             out[f"sparsity/realized_{key}"] = m["realized_sparsity"][key]
@@ -132,10 +181,27 @@ def summary_metrics(record: dict) -> dict:
     return out
 
 
+def running_metrics(
+    samples: list[dict], timings: list[dict], target_sparsity: float, benchmark: str
+) -> dict:
+    """The W&B metrics of the rows recorded so far, named as in the final summary.
+
+    The same `summarize` as `run.json`, so each curve ends on the run's result.
+    """
+    return summary_metrics(
+        {"benchmark": benchmark, "metrics": summarize(samples, timings, target_sparsity)}
+    )
+
+
+def wandb_run_id(run_key: str) -> str:
+    """A W&B run id (lowercase hex) that is the same every time the run key is."""
+    return hashlib.sha256(run_key.encode()).hexdigest()[:32]
+
+
 def _logged_in() -> bool:
     netrc = os.path.expanduser("~/.netrc")
     return os.path.exists(netrc) and "api.wandb.ai" in open(netrc).read()
 
 
-def make_tracker(cfg: DictConfig, run_key: str, method: str) -> NullTracker | WandbTracker:
+def make_tracker(cfg: DictConfig, run_key: str, method: str) -> Tracker:
     return WandbTracker(cfg, run_key, method) if cfg.logger.backend == "wandb" else NullTracker()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from bwprune.config import register_resolvers
+from bwprune.generation.runner import BatchedRunner
 from bwprune.models.loading import load_model
 
 register_resolvers()
@@ -27,6 +29,21 @@ def compose_cfg(overrides: list[str] = (), tmp_path: Path | None = None) -> Dict
 @pytest.fixture
 def cfg_factory(tmp_path):
     return lambda *overrides: compose_cfg(list(overrides), tmp_path)
+
+
+def interrupt_generation(monkeypatch: pytest.MonkeyPatch, call: int) -> Callable[[], None]:
+    """Make the `call`-th batch generated raise KeyboardInterrupt, as a run stopped mid-way;
+    returns the function that lets generation run normally again (to resume the run)."""
+    real, calls = BatchedRunner.generate_tokens, []
+
+    def generate_tokens(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(BatchedRunner, "generate_tokens", generate_tokens)
+    return lambda: monkeypatch.setattr(BatchedRunner, "generate_tokens", real)
 
 
 _MODELS: dict[str, tuple] = {}

@@ -21,6 +21,7 @@ from bwprune.prepared import prepare_model
 from bwprune.quality import DenseReference, dense_references, forced_quality
 from bwprune.records import RunRecorder, sample_row, timing_row
 from bwprune.scoring.common import prompt_opens_think
+from bwprune.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ def generate_missing(
     method: PruningMethod,
     batches: list[list[tuple[Example, int]]],
     recorder: RunRecorder,
+    tracker: Tracker,
 ) -> str:
     """Generate every batch that has a (problem, sample) not yet on disk; returns the device."""
     done = recorder.done_keys()
@@ -80,7 +82,7 @@ def generate_missing(
             inside.start()
             completions, timing = runner.generate_tokens(ids, attn, progress=inside)
             quality = (
-                forced_quality(runner, ids, attn, references[number])
+                forced_quality(runner, ids, attn, references[number], cfg.quality.traces)
                 if references
                 else [None] * len(batch)
             )
@@ -90,7 +92,9 @@ def generate_missing(
                     think_open = prompt_opens_think(prompt)
                     score = benchmark.score(c.text, e.gold, c.finish_reason, think_open)
                     rows.append(sample_row(e, k, c, score, think_open, q))
-            recorder.append(rows, timing_row(batch, timing))
+            batch_timing = timing_row(batch, timing)
+            recorder.append(rows, batch_timing)
+            tracker.log_batch(rows, batch_timing)
             scored += len(rows)
             correct += sum(r["correct"] is True for r in rows)
             tokens += timing.decode_tokens

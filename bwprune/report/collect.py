@@ -32,7 +32,8 @@ def method_variant(method_cfg: dict) -> str:
     return json.dumps({k: v for k, v in method_cfg.items() if k not in NOT_VARIANT}, sort_keys=True)
 
 
-def _pairing_key(cfg: dict, benchmark: str, model: str) -> str:
+def pairing_key(cfg: dict, benchmark: str, model: str) -> str:
+    """What a method run and its dense reference share (`PAIRING`), as one comparable string."""
     picked = {k: cfg.get(k) for k in PAIRING if k not in ("benchmark", "model")}
     return json.dumps([benchmark, model, picked], sort_keys=True, default=str)
 
@@ -100,7 +101,7 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
                 "variant": method_variant(cfg["method"]),
                 "settings": json.dumps(ident, sort_keys=True, default=str),
                 "measured": json.dumps(measure, sort_keys=True) if measure.get("enabled") else None,
-                "pairing": _pairing_key(cfg, record.get("benchmark"), record.get("model")),
+                "pairing": pairing_key(cfg, record.get("benchmark"), record.get("model")),
                 "batch_size": cfg["batch_size"],
                 "seed": cfg["seed"],
                 "limit": cfg.get("limit"),

@@ -72,6 +72,15 @@ def test_run_key_separates_configs_and_ignores_logging():
     assert run_key(compose_cfg(["limit=3"])) != base
 
 
+def test_a_late_option_at_its_default_keeps_recorded_keys():
+    """`quality.traces` came after runs were recorded: off, it leaves their keys as they were."""
+    cfg = compose_cfg([])
+    before_the_option = compose_cfg([])
+    del before_the_option.quality.traces
+    assert run_key(cfg) == run_key(before_the_option)
+    assert run_key(compose_cfg(["quality.traces=true"])) != run_key(cfg)
+
+
 def test_run_key_does_not_depend_on_the_checkout(monkeypatch, tmp_path):
     """Shipped data is named relative to the package, so keys match across clones."""
     from bwprune import config as config_module

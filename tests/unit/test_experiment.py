@@ -14,9 +14,9 @@ import torch
 from bwprune.cli import summary
 from bwprune.errors import UserError
 from bwprune.experiment import run
-from bwprune.generation.runner import BatchedRunner
 from bwprune.records import RunRecorder, run_key
 from bwprune.rescore import rescore
+from tests.conftest import interrupt_generation
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny_llama", "limit=6", "batch_size=4"]
@@ -48,23 +48,14 @@ def test_interrupted_run_resumes_without_duplicates(cfg_factory, monkeypatch):
     twin = cfg_factory(*TINY, "batch_size=2", "seed=1")
     reference = read_samples(run(twin), twin)
     cfg = cfg_factory(*TINY, "batch_size=2")
-    real = BatchedRunner.generate_tokens
-    calls = []
-
-    def crash_on_third(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(BatchedRunner, "generate_tokens", crash_on_third)
+    resume = interrupt_generation(monkeypatch, call=3)
     with pytest.raises(KeyboardInterrupt):
         run(cfg)
     recorder = RunRecorder(cfg.paths.runs_dir, run_key(cfg))
     assert len(recorder.samples()) == 4 and not recorder.is_complete()
     with recorder.samples_path.open("a") as f:
         f.write('{"index": 4, "prompt": "cut sh')  # a line a crash cut short
-    monkeypatch.setattr(BatchedRunner, "generate_tokens", real)
+    resume()
     record = run(cfg)
     samples = read_samples(record, cfg)
     assert [s["index"] for s in samples] == list(range(6))

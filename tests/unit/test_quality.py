@@ -49,7 +49,14 @@ def test_pruned_method_diverges_from_dense(tiny):
     pruned = BatchedRunner(model, tok, method, adapter, SamplingConfig(24))
     with method.attach(model, adapter):
         rows = forced_quality(pruned, ids, attn, ref)
+        traced = forced_quality(pruned, ids, attn, ref, traces=True)
     assert all(r["kl"] > 0 for r in rows)
+    assert all("trace" not in r for r in rows), "traces are opt-in: they are large"
+    for row, t in zip(rows, traced):
+        assert {k: v for k, v in t.items() if k != "trace"} == row
+        for key in ("kl", "nll"):  # one value per reference token; their mean is the row's mean
+            assert len(t["trace"][key]) == row["tokens"]
+            assert sum(t["trace"][key]) / row["tokens"] == pytest.approx(row[key], abs=1e-3)
 
 
 def test_quality_metrics_are_recorded(cfg_factory):
