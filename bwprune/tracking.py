@@ -13,12 +13,15 @@ import hashlib
 import logging
 import os
 import shutil
+import socket
+import urllib.parse
 from pathlib import Path
 from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
-from bwprune.records import RunRecorder, summarize, target_sparsity
+from bwprune.records import RunRecorder, target_sparsity
+from bwprune.summary import summarize
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +79,12 @@ class WandbTracker:
             mode = "online" if os.environ.get("WANDB_API_KEY") or _logged_in() else "offline"
             if mode == "offline":
                 log.info("wandb: no API key found, logging offline (upload later: `wandb sync`)")
+        timeout = float(cfg.logger.connect_timeout_s)
+        if mode == "online" and not _reachable(_base_url(), timeout):
+            # wandb itself retries for ~90 s before giving up; a run should not wait on that.
+            mode = "offline"
+            log.warning("wandb: %s not reachable within %g s; logging offline instead "
+                        "(upload later: `wandb sync`)", _base_url(), timeout)  # fmt: skip
         try:
             import wandb
 
@@ -201,6 +210,21 @@ def wandb_run_id(run_key: str) -> str:
 def _logged_in() -> bool:
     netrc = os.path.expanduser("~/.netrc")
     return os.path.exists(netrc) and "api.wandb.ai" in open(netrc).read()
+
+
+def _base_url() -> str:
+    return os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+
+
+def _reachable(url: str, timeout_s: float) -> bool:
+    """Can a TCP connection to the W&B server be opened within `timeout_s`?"""
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def make_tracker(cfg: DictConfig, run_key: str, method: str) -> Tracker:

@@ -102,23 +102,31 @@ def drift(runs: pd.DataFrame) -> Figure:
 
 
 def speedup_vs_batch(speed_rows: list[dict]) -> Figure:
-    """Decode speedup vs batch size per method, with the sparse-step bound and schedule ideal."""
+    """Decode speedup vs batch size per method and engine (compiled rows, `method@engine`, share
+    the method's colour, dashed), with the method's schedule-aware bandwidth ideal (dotted)."""
     frame = pd.DataFrame([r for r in speed_rows if "speedup_decode" in r])
     frame["speedup"] = [r["median"] for r in frame["speedup_decode"]]
-    fig = Figure(figsize=(5.5, 3.8), layout="constrained")
+    frame["base"] = frame["method"].str.partition("@")[0]
+    fig = Figure(figsize=(7.0, 3.8), layout="constrained")
     ax = fig.subplots()
-    for method in _methods(frame):
-        sub = frame[frame["method"] == method].sort_values("batch_size")
-        (line,) = ax.plot(sub["batch_size"], sub["speedup"], "o-", label=method)
-        if method != "dense":
-            ax.plot(sub["batch_size"], sub["ideal_bandwidth"], "--", color=line.get_color(),
-                    lw=1, label=f"{method}: bandwidth ideal")  # fmt: skip
+    ax.axhline(1.0, color="0.6", lw=1, label="dense (each engine)")
+    bases = [m for m in _methods(pd.DataFrame({"method": frame["base"]})) if m != "dense"]
+    for i, base in enumerate(bases):
+        color = f"C{i}"
+        sub = frame[frame["base"] == base]
+        for method in sorted(set(sub["method"]), key=len):
+            rows = sub[sub["method"] == method].sort_values("batch_size")
+            style = "o-" if method == base else "s--"
+            ax.plot(rows["batch_size"], rows["speedup"], style, color=color, label=method)
+        rows = sub[sub["method"] == base].sort_values("batch_size")
+        ax.plot(rows["batch_size"], rows["ideal_bandwidth"], ":", color=color, lw=1,
+                label=f"{base}: bandwidth ideal")  # fmt: skip
     ax.set(
         xlabel="batch size", ylabel="decode speedup vs dense", xscale="log", xticks=[1, 4, 8, 16]
     )
     ax.get_xaxis().set_major_formatter("{x:g}")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
 

@@ -19,9 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
 from bwprune.errors import UserError
-from bwprune.records import RunRecorder, summarize, target_sparsity
+from bwprune.records import RunRecorder, target_sparsity
 from bwprune.report.collect import PAIRING, pairing_key
 from bwprune.report.divergence import Tokens, first_divergence, tokenize
+from bwprune.summary import summarize
 
 log = logging.getLogger(__name__)
 

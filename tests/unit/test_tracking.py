@@ -126,3 +126,22 @@ def test_running_metrics_of_the_rows_so_far():
     assert m["unscorable_share"] == pytest.approx(1 / 3) and m["gen/mean_new_tokens"] == 6
     assert m["speed/decode_tokens_per_s"] == 6 and m["sparsity/realized_ffn"] == 0.25
     assert m["sparsity/realized_params"] == pytest.approx(0.1) and m["sparsity/target"] == 0.5
+
+
+def test_a_key_without_a_reachable_server_falls_back_to_offline_at_once(
+    cfg_factory, wandb_files, monkeypatch, caplog
+):
+    """wandb alone would retry for ~90 s; the run goes offline within the connect timeout."""
+    import socket
+
+    with socket.socket() as probe:  # a loopback port nobody listens on: connecting is refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    start = time.monotonic()
+    with caplog.at_level("WARNING", logger="bwprune.tracking"):
+        run(cfg_factory(*TINY, "logger=wandb", "logger.mode=auto", "logger.connect_timeout_s=2"))
+    assert time.monotonic() - start < 60
+    assert "not reachable within 2 s; logging offline" in caplog.text
+    assert offline_run(wandb_files[0])[1]  # its history was logged, offline
