@@ -35,8 +35,7 @@ class SlotCache:
     """The KV cache and attention mask of `rows` rows of at most `length` tokens each."""
 
     def __init__(self, model: nn.Module, kind: str, rows: int, length: int) -> None:
-        if kind not in KINDS:
-            raise choices_error("generation.kv_cache", kind, KINDS)
+        """Made by `CachePool`, which checks `kind`."""
         self.kind, self.rows, self.length = kind, rows, length
         device = next(model.parameters()).device
         if kind == "static":

@@ -42,29 +42,35 @@ class MethodDriver:
 
     def prefill(self, valid: torch.Tensor, forward: Callable[[], T]) -> T:
         """A prompt forward over (B, T) `valid` tokens; not measured (ledger definition)."""
-        finished = torch.zeros(valid.shape[0], dtype=torch.bool, device=valid.device)
-        return self._run(StepContext(Phase.PREFILL, 0, valid, finished), forward, measured=False)
+        return self._whole(valid, forward, measured=False)
 
     def decode(self, step: int, finished: torch.Tensor, forward: Callable[[bool], T]) -> T:
         """Decode step `step`: one token per row; rows in `finished` neither count nor steer.
 
         `forward(capturable)` is told whether the method allows this step to run compiled.
         """
-        ctx = StepContext(Phase.DECODE, step, ~finished[:, None], finished)
-        return self._run(ctx, lambda: forward(self.method.capturable()), measured=True)
+        active = ~finished
+        ctx = StepContext(Phase.DECODE, step, active[:, None], finished)
+        return self._run(ctx, lambda: forward(self.method.capturable()), counted=active)
 
     def score(self, valid: torch.Tensor, forward: Callable[[], T]) -> T:
         """A forward whose every token is evaluated (perplexity, loglikelihood): the method sees a
         prefill; the forward is measured once per row that has a valid token."""
-        finished = torch.zeros(valid.shape[0], dtype=torch.bool, device=valid.device)
-        return self._run(StepContext(Phase.PREFILL, 0, valid, finished), forward, measured=True)
+        return self._whole(valid, forward, measured=True)
 
-    def _run(self, ctx: StepContext, forward: Callable[[], T], measured: bool) -> T:
+    def _whole(self, valid: torch.Tensor, forward: Callable[[], T], measured: bool) -> T:
+        """A forward over whole given texts (a prompt, a scored window): a PREFILL step."""
+        finished = torch.zeros(valid.shape[0], dtype=torch.bool, device=valid.device)
+        ctx = StepContext(Phase.PREFILL, 0, valid, finished)
+        return self._run(ctx, forward, counted=valid.any(dim=1) if measured else None)
+
+    def _run(self, ctx: StepContext, forward: Callable[[], T], counted: torch.Tensor | None) -> T:
+        """The hooks around `forward`; `counted` (B,) rows are recorded (None: not measured)."""
         self.method.begin_step(ctx)
         out = forward()
         sparsity = self.method.end_step(ctx)
-        if measured:
-            self.ledger.record(sparsity, ctx.valid.any(dim=1))
+        if counted is not None:
+            self.ledger.record(sparsity, counted)
         return out
 
     def rows(self) -> list[dict]:

@@ -38,7 +38,7 @@ class DecodeStep:
     def __init__(self, model: nn.Module, compiled: bool, backend: str = "inductor") -> None:
         self.model = model
         self.compiled = compiled
-        self._eager_steps = 0
+        self._said_eager = False  # one log line the first time a compiled run steps eager
         if compiled:
             # One graph per (rows, cache length, kept sizes, dense/sparse) and per runner: the
             # default limit of 8 per code object would silently fall back to eager.
@@ -58,9 +58,9 @@ class DecodeStep:
         """(B,) tokens at (B, 1) positions -> (B, V) next-token logits."""
         if self.compiled and capturable:
             return self._compiled(cache.inputs(), token, mask, position)
-        if self.compiled and self._eager_steps == 0:
+        if self.compiled and not self._said_eager:
             log.info("a step whose hooks keep state runs eager (the method is not capturable)")
-        self._eager_steps += self.compiled
+            self._said_eager = True
         return self._forward(cache.inputs(), token, mask, position)
 
     def _forward(self, cache_inputs: dict, token, mask, position) -> torch.Tensor:
