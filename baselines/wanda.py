@@ -86,6 +86,7 @@ class Wanda(PruningMethod):
         if sparsity > 0 and not calibration:
             raise UserError(f"sparsity={sparsity} needs a calibration config (calibration: ...)")
         self.sparsity, self.pattern = sparsity, pattern
+        self.edits_weights = sparsity > 0  # weights are zeroed in place in `prepare`
         self.calibration, self.cache_dir = calibration, cache_dir
         self._step: StepSparsity | None = None
 

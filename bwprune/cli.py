@@ -40,6 +40,8 @@ def summary(record: dict, runs_dir: str) -> str:
             f"unscorable){sparsity}  decode {m['decode_tokens_per_s']:.1f} tok/s "
             f"({m['decode_ms_per_step']:.1f} ms/step)"
         )
+    if m.get("speedup"):
+        line += "\n" + speedup_line(m["speedup"], m.get("time_to_answer"))
     folder = f"{runs_dir}/{record['run_key']}"
     stored = (
         f"\n  stored: numbers of the run that finished at {record['finished_at']}; nothing was "
@@ -48,6 +50,21 @@ def summary(record: dict, runs_dir: str) -> str:
         else ""
     )
     return f"{record['run_key']}\n{line}\n  results: {folder}{stored}"
+
+
+def speedup_line(s: dict, time_to_answer: float | None = None) -> str:
+    """The paired speedup with its spread, the bound and ideal beside it, and what timing cost."""
+
+    def x(spread: dict) -> str:
+        return f"{spread['median']:.2f}x [{spread['min']:.2f}, {spread['max']:.2f}]"
+
+    waits = f"; time-to-answer {time_to_answer:.2f}x" if time_to_answer else ""
+    return (
+        f"  speedup vs dense (paired, {s['batches']} batches, {s['repeats']} trials): "
+        f"step {x(s['step'])}, end-to-end {x(s['e2e'])}; bandwidth bound "
+        f"{s['bandwidth_bound']:.2f}x, schedule ideal {s['ideal']:.2f}x{waits}; timing took "
+        f"{s['overhead_s']:.0f} s (+{100 * s['overhead_fraction']:.0f}% of generation)"
+    )
 
 
 def interrupted(cfg: DictConfig) -> str:

@@ -33,7 +33,8 @@ def register_resolvers() -> None:
 # Numeric keys, checked for their type before their range: "abc" or 2.5 is a bad value, not a
 # traceback from float() or a batch size silently cut to 2. `limit` may also be null.
 INTEGERS = ("batch_size", "seed", "limit", "shard", "num_shards", "generation.max_new_tokens",
-            "generation.num_samples")  # fmt: skip
+            "generation.num_samples", "speed.batches", "speed.repeats", "speed.warmup")  # fmt: skip
+PAIRED = ("auto", "true", "false")  # speed.paired (YAML gives the last two as booleans)
 NUMBERS = ("sparsity", "generation.temperature", "generation.top_p")
 
 
@@ -58,6 +59,14 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(
             f"generation.temperature={gen.temperature} must be > 0 and "
             f"generation.top_p={gen.top_p} in (0, 1] when do_sample=true"
+        )
+    speed = cfg.speed
+    if str(speed.paired).lower() not in PAIRED:
+        raise choices_error("speed.paired", speed.paired, PAIRED)
+    if speed.batches < 0 or speed.repeats < 1 or speed.warmup < 0:
+        raise UserError(
+            f"speed.batches={speed.batches} and speed.warmup={speed.warmup} must be >= 0, "
+            f"speed.repeats={speed.repeats} >= 1"
         )
     if cfg.model.dtype not in DTYPES:
         raise choices_error("model.dtype", cfg.model.dtype, DTYPES)

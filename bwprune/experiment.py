@@ -13,13 +13,14 @@ import logging
 from collections.abc import Callable
 from functools import partial
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from bwprune.benchmarks.base import Benchmark, Example
 from bwprune.config import build, build_method, validate
 from bwprune.errors import UserError
 from bwprune.generation.evaluate import generate_missing
 from bwprune.methods.base import PruningMethod
+from bwprune.pairing import time_to_answer_vs_dense
 from bwprune.perplexity import evaluate_perplexity
 from bwprune.prepared import prepare_model
 from bwprune.provenance import provenance
@@ -97,7 +98,12 @@ def _generation(
     device = generate_missing(cfg, benchmark, method, batches, recorder, tracker)
     samples, timings = recorder.rows()
     samples = sorted(samples, key=RunRecorder.row_key)
-    return summarize(samples, timings, target_sparsity(cfg)), device, samples
+    metrics = summarize(samples, timings, target_sparsity(cfg))
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    waits = time_to_answer_vs_dense(recorder.dir, resolved, metrics)  # length changes included
+    if waits is not None:
+        metrics["time_to_answer"] = waits
+    return metrics, device, samples
 
 
 def _perplexity_evaluation(cfg: DictConfig, benchmark: Benchmark) -> Evaluation:

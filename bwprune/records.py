@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # types only: importing them would pull torch into the report
 # Keys that never change what a run computes: they are left out of the run's identity.
 # `sparsity` and `calibration` matter only through the method config that interpolates them.
 NON_IDENTITY_KEYS = (
-    "logger", "paths", "tags", "exp_name", "progress", "sparsity", "calibration", "hydra",
+    "logger", "paths", "tags", "exp_name", "progress", "sparsity", "calibration", "hydra", "speed",
 )  # fmt: skip
 # How the decode loop runs, never what it computes (tested token for token): not identity.
 ENGINE_KEYS = ("kv_cache", "compile", "compile_backend", "compaction")

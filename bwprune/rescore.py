@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from bwprune.benchmarks.base import Benchmark
 from bwprune.config import build
 from bwprune.errors import UserError
+from bwprune.pairing import time_to_answer_vs_dense
 from bwprune.provenance import provenance
 from bwprune.records import RunRecorder, target_sparsity
 from bwprune.summary import summarize
@@ -31,7 +32,7 @@ def rescore(run_dir: str | Path) -> dict:
     if benchmark.kind != "generate":  # rescoring would overwrite its metrics with empty ones
         raise UserError(f"{str(run_dir)!r} is a {benchmark.kind} run: it has no answers to score")
     recorder = RunRecorder(run_dir.parent, run_dir.name)
-    samples, timings = recorder.rows()
+    samples, _ = recorder.rows()
     for s in samples:
         score = benchmark.score(
             s["completion"], s["gold"], s["finish_reason"], s.get("think_open", False)
@@ -40,11 +41,22 @@ def rescore(run_dir: str | Path) -> dict:
     tmp = recorder.samples_path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
     tmp.replace(recorder.samples_path)
+    return resummarize(recorder, cfg, {"rescored": True})
+
+
+def resummarize(recorder: RunRecorder, cfg: DictConfig, marks: dict) -> dict:
+    """run.json again from the rows on disk, keeping the run's provenance and names; `marks` say
+    what was done to the record. finished_at stays the generation's: it dates the samples, which
+    are kept (and run.py names it when it shows a complete run's stored numbers)."""
+    samples, timings = recorder.rows()
     old = recorder.record() if recorder.is_complete() else {}
     metrics = summarize(samples, timings, target_sparsity(cfg))
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    waits = time_to_answer_vs_dense(recorder.dir, resolved, metrics)
+    if waits is not None:
+        metrics["time_to_answer"] = waits
     prov = old.get("provenance") or provenance(cfg.seed, str(cfg.model.device))
-    # finished_at stays the generation's: it dates the samples, which rescoring keeps (and run.py
-    # names it when it shows a complete run's stored numbers).
-    extra = {k: old[k] for k in ("benchmark", "model", "method", "finished_at") if k in old}
-    recorder.key = old.get("run_key", run_dir.name)
-    return recorder.finish(metrics, prov, extra={**extra, "rescored": True})
+    kept = ("benchmark", "model", "method", "finished_at", "rescored", "speed_measured")
+    extra = {k: old[k] for k in kept if k in old}
+    recorder.key = old.get("run_key", recorder.dir.name)
+    return recorder.finish(metrics, prov, extra={**extra, **marks})

@@ -11,6 +11,7 @@ import statistics
 from collections import Counter
 
 from bwprune.engine.realized import combine
+from bwprune.speedup import paired_speedup
 
 
 def pass_at_1(samples: list[dict]) -> float:
@@ -31,13 +32,18 @@ def summarize(samples: list[dict], timings: list[dict], target_sparsity: float) 
     """`run.json` metrics from the per-sample and per-batch records.
 
     `n`, `correct`, `unscorable` count sample rows; `accuracy` is pass@1 over `problems`.
+    Per problem: tokens generated and decode seconds (what a user waits on, with
+    `decode_iterations`, the decode loop's steps, which time-to-answer compares with dense's);
+    `speedup`: the paired speedup over dense when batches were timed (`bwprune.speedup`).
     """
     n = len(samples)
     correct = sum(1 for s in samples if s["correct"] is True)
     decode_s = sum(t["decode_s"] for t in timings)
     steps_ms = [ms for t in timings for ms in t["step_ms"]]
     problems = len({s["index"] for s in samples})
-    return {
+    realized = combine(s["sparsity"] for s in samples)
+    tokens = sum(s["new_tokens"] for s in samples)
+    metrics = {
         "n": n,
         "problems": problems,
         "samples_per_problem": n / problems if problems else 0.0,
@@ -48,8 +54,11 @@ def summarize(samples: list[dict], timings: list[dict], target_sparsity: float) 
             Counter(s["score_reason"] for s in samples if s["correct"] is None)
         ),
         "target_sparsity": target_sparsity,
-        "realized_sparsity": combine(s["sparsity"] for s in samples),
-        "mean_new_tokens": sum(s["new_tokens"] for s in samples) / n if n else 0.0,
+        "realized_sparsity": realized,
+        "mean_new_tokens": tokens / n if n else 0.0,
+        "tokens_per_problem": tokens / problems if problems else 0.0,
+        "decode_s_per_problem": decode_s / problems if problems else 0.0,
+        "decode_iterations": sum(len(t["step_ms"]) for t in timings),
         "decode_tokens_per_s": sum(t["decode_tokens"] for t in timings) / decode_s
         if decode_s
         else 0.0,
@@ -58,6 +67,10 @@ def summarize(samples: list[dict], timings: list[dict], target_sparsity: float) 
         "decode_s": decode_s,
         "quality": combine_quality([s.get("quality") for s in samples]),
     }
+    speedup = paired_speedup(timings, realized)
+    if speedup is not None:
+        metrics["speedup"] = speedup
+    return metrics
 
 
 def combine_quality(rows: list[dict]) -> dict:

@@ -169,6 +169,8 @@ SUMMARY_NAMES = {
     "n": "n",
     "unscorable": "unscorable",
     "mean_new_tokens": "gen/mean_new_tokens",
+    "tokens_per_problem": "gen/tokens_per_problem",
+    "decode_s_per_problem": "speed/decode_s_per_problem",
 }
 
 
@@ -187,6 +189,15 @@ def summary_metrics(record: dict) -> dict:
             out[f"sparsity/realized_{key}"] = m["realized_sparsity"][key]
     for key, value in (m.get("quality") or {}).items():
         out[f"quality/{key}"] = value
+    speedup = m.get("speedup") or {}
+    for key in ("step", "e2e"):  # the paired speedup over dense, with its spread
+        for stat, value in (speedup.get(key) or {}).items():
+            out[f"speed/speedup_{key}_{stat}"] = value
+    for key in ("bandwidth_bound", "ideal", "overhead_fraction"):
+        if key in speedup:
+            out[f"speed/speedup_{key}"] = speedup[key]
+    if m.get("time_to_answer"):
+        out["speed/time_to_answer"] = m["time_to_answer"]
     return out
 
 

@@ -68,6 +68,7 @@ class TriSP(PruningMethod):
         self.calibration = {k: calibration[k] for k in calibration}
         self.lora = LoraSettings(**{k: lora[k] for k in lora or {}})
         self.save_dir = save_dir
+        self.edits_weights = self.sparsity > 0  # `prepare` leaves a smaller model
         self._sparsity: StepSparsity | None = None
 
     def _statistics(

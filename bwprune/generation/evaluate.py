@@ -14,12 +14,13 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from bwprune.benchmarks.base import Benchmark, Example
+from bwprune.generation.paired import PairedSettings, PairedTiming, dense_twin
 from bwprune.generation.prompts import batch_prompts
-from bwprune.generation.runner import SamplingConfig
+from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.methods.base import PruningMethod
-from bwprune.prepared import prepare_model
+from bwprune.prepared import PreparedModel, prepare_model
 from bwprune.quality import DenseReference, dense_references, forced_quality
-from bwprune.records import RunRecorder, sample_row, timing_row
+from bwprune.records import RunRecorder, sample_row, target_sparsity, timing_row
 from bwprune.scoring.common import prompt_opens_think
 from bwprune.tracking import Tracker
 
@@ -64,42 +65,66 @@ def generate_missing(
     if done:
         log.info("resuming %s: %d examples already recorded", recorder.dir, len(done))
     references: list[DenseReference] = []
-    prepared = prepare_model(
-        cfg, method, lambda p: references.extend(dense_references(cfg, p, todo))
-    )
+    twin: list = []  # the model as loaded, kept when paired timing needs it after `prepare`
+    paired_on = paired_enabled(cfg)
+
+    def before_prepare(p: PreparedModel) -> None:
+        references.extend(dense_references(cfg, p, todo))
+        if paired_on and method.edits_weights:
+            twin.append(dense_twin(p.model))
+
+    prepared = prepare_model(cfg, method, before_prepare)
     model, tokenizer, adapter = prepared.model, prepared.tokenizer, prepared.adapter
     gen = cfg.generation
     sampling = SamplingConfig(gen.max_new_tokens, gen.do_sample, gen.temperature, gen.top_p)
     runner = prepared.runner(sampling, cfg.seed, cfg.generation)
+    paired = paired_timing(cfg, runner, prepared, twin[0] if twin else model) if paired_on else None
+    timed = {id(b) for b in batches[: cfg.speed.batches]}  # this job's first batches
     correct = tokens = scored = 0
     decode_s = 0.0
     bar = tqdm(todo, desc=recorder.key, unit="batch", disable=not cfg.progress)
     inside = BatchProgress(bar)
-    with method.attach(model, adapter):
-        for number, batch in enumerate(bar):
-            prompts = batch_prompts(tokenizer, cfg.model, batch)
-            ids, attn = runner.encode(prompts)
-            inside.start()
+    for number, batch in enumerate(bar):
+        prompts = batch_prompts(tokenizer, cfg.model, batch)
+        ids, attn = runner.encode(prompts)
+        inside.start()
+        with method.attach(model, adapter):
             completions, timing = runner.generate_tokens(ids, attn, progress=inside)
             quality = (
                 forced_quality(runner, ids, attn, references[number], cfg.quality.traces)
                 if references
                 else [None] * len(batch)
             )
-            rows = []
-            for (e, k), prompt, c, q in zip(batch, prompts, completions, quality):
-                if (e.index, k) not in done:
-                    think_open = prompt_opens_think(prompt)
-                    score = benchmark.score(c.text, e.gold, c.finish_reason, think_open)
-                    rows.append(sample_row(e, k, c, score, think_open, q))
-            batch_timing = timing_row(batch, timing)
-            recorder.append(rows, batch_timing)
-            tracker.log_batch(rows, batch_timing)
-            scored += len(rows)
-            correct += sum(r["correct"] is True for r in rows)
-            tokens += timing.decode_tokens
-            decode_s += timing.decode_s
-            bar.set_postfix(
-                acc=f"{correct / scored:.3f}", tok_s=f"{tokens / max(decode_s, 1e-9):.1f}"
-            )
+        rows = []
+        for (e, k), prompt, c, q in zip(batch, prompts, completions, quality):
+            if (e.index, k) not in done:
+                think_open = prompt_opens_think(prompt)
+                score = benchmark.score(c.text, e.gold, c.finish_reason, think_open)
+                rows.append(sample_row(e, k, c, score, think_open, q))
+        batch_timing = timing_row(batch, timing)
+        if paired is not None and id(batch) in timed:
+            bar.set_postfix_str("timing dense vs method on this batch")
+            batch_timing["paired"] = paired.measure(ids, attn, completions)
+        recorder.append(rows, batch_timing)
+        tracker.log_batch(rows, batch_timing)
+        scored += len(rows)
+        correct += sum(r["correct"] is True for r in rows)
+        tokens += timing.decode_tokens
+        decode_s += timing.decode_s
+        bar.set_postfix(acc=f"{correct / scored:.3f}", tok_s=f"{tokens / max(decode_s, 1e-9):.1f}")
     return str(runner.device)
+
+
+def paired_enabled(cfg: DictConfig) -> bool:
+    """`speed.paired`: true, false, or auto (on when the method prunes: target ρ > 0)."""
+    setting = str(cfg.speed.paired).lower()
+    return setting == "true" or (setting == "auto" and target_sparsity(cfg) > 0)
+
+
+def paired_timing(
+    cfg: DictConfig, runner: BatchedRunner, prepared: PreparedModel, dense_model
+) -> PairedTiming:
+    """The run's paired timing of `runner` against dense (`dense_model`: the model as loaded)."""
+    s = cfg.speed
+    settings = PairedSettings(int(s.batches), int(s.repeats), int(s.warmup))
+    return PairedTiming(runner, prepared.adapter, dense_model, settings)

@@ -57,9 +57,12 @@ class PruningMethod:
     `batch_coupled` is True when one row's computation can depend on the other rows of its batch
     (a batch-shared mask); uncoupled methods must give each row the output it gets alone (the
     contract suite, tests/contract/, holds every method to what it declares here).
+    `edits_weights` is True when `prepare` changes the model's weights or shapes (static pruning):
+    the model as loaded is then gone, and timing it against dense needs a copy taken before.
     """
 
     batch_coupled: bool = False
+    edits_weights: bool = False
     sealed: ClassVar[dict[str, str]] = {}  # template hook -> the hook subclasses override instead
 
     def __init_subclass__(cls, **kwargs) -> None:

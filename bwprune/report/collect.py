@@ -16,6 +16,7 @@ import pandas as pd
 import yaml
 
 from bwprune.errors import choices_error
+from bwprune.pairing import pairing_key
 from bwprune.provenance import git
 from bwprune.records import settings
 
@@ -23,19 +24,11 @@ from bwprune.records import settings
 # recorded before conf/method/*.yaml carried `name` are the same variants as those after.
 NOT_VARIANT = ("_target_", "name", "sparsity", "calibration", "cache_dir")
 RUN_SETS = ("committed", "all")  # report.runs: which runs `make tables` reads (`report_runs`)
-# What must match for a dense run to be a method run's reference.
-PAIRING = ("benchmark", "model", "batch_size", "seed", "limit", "subset", "generation")
 
 
 def method_variant(method_cfg: dict) -> str:
     """The method's non-default-able arguments as canonical JSON (e.g. memory/aggregate)."""
     return json.dumps({k: v for k, v in method_cfg.items() if k not in NOT_VARIANT}, sort_keys=True)
-
-
-def pairing_key(cfg: dict, benchmark: str, model: str) -> str:
-    """What a method run and its dense reference share (`PAIRING`), as one comparable string."""
-    picked = {k: cfg.get(k) for k in PAIRING if k not in ("benchmark", "model")}
-    return json.dumps([benchmark, model, picked], sort_keys=True, default=str)
 
 
 def committed_keys(runs_dir: str | Path) -> set[str] | None:

@@ -19,8 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
 from bwprune.errors import UserError
+from bwprune.pairing import PAIRING, matching_dense_runs
 from bwprune.records import RunRecorder, target_sparsity
-from bwprune.report.collect import PAIRING, pairing_key
 from bwprune.report.divergence import Tokens, first_divergence, tokenize
 from bwprune.summary import summarize
 
@@ -81,27 +81,14 @@ class RunFolder:
         return self.dir.resolve().parent.name
 
 
-def _pairing(cfg: DictConfig) -> str:
-    """`collect.pairing_key` of a run's config, so the viewer pairs runs as the tables do."""
-    return pairing_key(
-        OmegaConf.to_container(cfg, resolve=True), cfg.benchmark.name, cfg.model.name
-    )
-
-
 def find_dense_run(run: RunFolder) -> Path:
-    """The complete dense run the tables compare `run` with: the same `PAIRING` keys and not a
-    shard; of several, the last in path order, as `load_runs` picks for its agreement column."""
-    folder = run.dir.parent.parent / "dense"
-    found = [
-        path.parent
-        for path in sorted(folder.glob("*/run.json"))
-        if (cfg := OmegaConf.load(path.parent / "config.yaml")).get("num_shards", 1) == 1
-        and _pairing(cfg) == _pairing(run.cfg)
-    ]
+    """The complete dense run the tables compare `run` with (`bwprune.pairing`)."""
+    found = matching_dense_runs(run.dir, OmegaConf.to_container(run.cfg, resolve=True))
     if not found:
         raise UserError(
-            f"no complete dense run under {str(folder)!r} matches {run.key} in "
-            f"{list(PAIRING)}; run it with method=dense and the same settings, or pass --dense"
+            f"no complete dense run under {str(run.dir.parent.parent / 'dense')!r} matches "
+            f"{run.key} in {list(PAIRING)}; run it with method=dense and the same settings, "
+            "or pass --dense"
         )
     return found[-1]
 

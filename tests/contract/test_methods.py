@@ -7,6 +7,7 @@ by adding its config file. Each forward runs through the one driver (`BatchedRun
 - leaving `attach` restores the model bit for bit;
 - junk in left padding and in finished rows changes no batch-shared decision;
 - a method that is not `batch_coupled` gives each row the output it gets alone;
+- `prepare` changes the weights exactly when the method declares `edits_weights`;
 - the ledger equals the parameters the forward really left out (counted from the tensors);
 - the call order of a family's hooks is enforced by its base class.
 """
@@ -142,6 +143,23 @@ def test_uncoupled_rows_get_the_output_they_get_alone(name, extra, calibration_o
         # Batched float32 matmuls differ from batch-1 ones in the last bits.
         torch.testing.assert_close(together[:, b], alone[:, 0], atol=1e-4, rtol=1e-4)
         assert rows[b]["params"] == pytest.approx(alone_rows[0]["params"], abs=1e-3)
+
+
+@pytest.mark.parametrize(("name", "extra"), VARIANTS, ids=IDS)
+def test_prepare_edits_the_weights_as_declared(name, extra, calibration_overrides):
+    """Paired timing keeps a dense copy only for a method that declares `edits_weights`; one that
+    edits without saying so would be timed against its own pruned weights."""
+    cfg = compose_cfg(["model=tiny_llama", f"method={name}", *calibration_overrides, *extra])
+    cfg.model.device = "cpu"
+    model, tok = load_model(cfg.model, cache_dir="unused")
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    method = build_method(cfg.method)
+    method.prepare(model, adapter_for(model), tok)
+    after = dict(model.named_parameters())
+    edited = before.keys() != after.keys() or any(
+        before[n].shape != p.shape or not torch.equal(before[n], p) for n, p in after.items()
+    )
+    assert edited == method.edits_weights
 
 
 @pytest.mark.parametrize("family", ["tiny_llama", "tiny_qwen2"])

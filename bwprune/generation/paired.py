@@ -1,0 +1,117 @@
+"""Paired timing inside a run: the dense model redoes the work the method just did.
+
+Comparing a pruned run's tokens/s with a separate dense run's mixes two processes, often two
+machines and two loads (on one CPU the same config ran at 1.5 and at 39.9 tok/s). So after the
+method generates one of a run's first batches, both sides are timed here, in this process, on the
+same prompts and the same decode steps per row: teacher-forced on the method's own completions
+(the method then prunes exactly as it did while generating), alternated, after warm-up. The
+ratios are summarized by `bwprune.speedup`; `bwprune.speed` (`make bench`) times through the same
+`timed_generation` and `alternate`.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import nn
+
+from bwprune.engine.ledger import SparsityLedger
+from bwprune.generation.runner import BatchedRunner, BatchTiming, Completion, Forcing
+from bwprune.generation.timing import alternate
+from bwprune.methods.base import PruningMethod
+from bwprune.models.adapters import ModelAdapter, adapter_for
+
+
+def weight_bytes(model: nn.Module) -> dict:
+    """`read`: bytes one dense decode step reads (every parameter once, lm_head included; an
+    untied input embedding is not read whole: a lookup reads B rows); `params`: bytes of all
+    parameters, the base of the realized fraction (c)."""
+    every = sum(p.numel() * p.element_size() for p in model.parameters())
+    embedding = model.get_input_embeddings().weight
+    read = every
+    if model.get_output_embeddings().weight is not embedding:
+        read -= embedding.numel() * embedding.element_size()
+    return {"read": read, "params": every}
+
+
+def timed_generation(
+    runner: BatchedRunner,
+    adapter: ModelAdapter,
+    ids: torch.Tensor,
+    attn: torch.Tensor,
+    forced: Forcing | None = None,
+) -> tuple[list[Completion], BatchTiming]:
+    """One timed generation with the runner's method attached (and detached afterwards, so the
+    next trial in an alternation may be another method on the same model)."""
+    with runner.method.attach(runner.model, adapter):
+        return runner.generate_tokens(ids, attn, forced=forced)
+
+
+def own_forcing(completions: Sequence[Completion], pad_id: int, device: torch.device) -> Forcing:
+    """The completions as a reference to teacher-force: the same tokens, the same lengths."""
+    n = max(c.new_tokens for c in completions)
+    tokens = [c.token_ids + [pad_id] * (n - c.new_tokens) for c in completions]
+    return Forcing(
+        torch.tensor(tokens, device=device),
+        torch.tensor([c.new_tokens for c in completions], device=device),
+    )
+
+
+@dataclass(frozen=True)
+class PairedSettings:
+    """Which of a run's batches are timed and how (conf/config.yaml `speed`)."""
+
+    batches: int  # the run's first N batches
+    repeats: int  # timed trials of each side per batch
+    warmup: int  # untimed trials of each side first (allocation, compilation)
+
+
+class PairedTiming:
+    """Times a method's runner against a dense runner on the method's own completions."""
+
+    def __init__(
+        self,
+        runner: BatchedRunner,
+        adapter: ModelAdapter,
+        dense_model: nn.Module,
+        settings: PairedSettings,
+    ) -> None:
+        """`dense_model`: the runner's own model when the method leaves the weights alone, else
+        a copy taken before `prepare` (`dense_twin`)."""
+        self.runner, self.adapter, self.settings = runner, adapter, settings
+        self.dense_adapter = adapter if dense_model is runner.model else adapter_for(dense_model)
+        self.dense = BatchedRunner(
+            dense_model, runner.tokenizer, PruningMethod(), self.dense_adapter, runner.sampling,
+            ledger=SparsityLedger(self.dense_adapter, runner.device), engine=runner.engine,
+        )  # fmt: skip
+        self.weight_bytes = weight_bytes(dense_model)
+
+    def measure(self, ids: torch.Tensor, attn: torch.Tensor, completions: list[Completion]) -> dict:
+        """The `paired` entry of the batch's timing row: per trial, each side's prefill and decode
+        seconds; the weight bytes the bound needs; what the timing cost in wall seconds."""
+        start = time.perf_counter()
+        forced = own_forcing(completions, self.runner.pad_id, self.runner.device)
+        sides = {"method": (self.runner, self.adapter), "dense": (self.dense, self.dense_adapter)}
+        trials = {
+            side: partial(_trial, runner, adapter, ids, attn, forced)
+            for side, (runner, adapter) in sides.items()
+        }
+        results = alternate(trials, self.settings.repeats, self.settings.warmup)
+        return {**results, "weight_bytes": self.weight_bytes,
+                "overhead_s": time.perf_counter() - start}  # fmt: skip
+
+
+def _trial(runner, adapter, ids, attn, forced) -> dict:
+    _, timing = timed_generation(runner, adapter, ids, attn, forced)
+    return {"prefill_s": timing.prefill_s, "decode_s": timing.decode_s}
+
+
+def dense_twin(model: nn.Module) -> nn.Module:
+    """A copy of the model as loaded, for a method that edits the weights in `prepare` (it costs
+    the model's memory once more; methods that only attach hooks time against the model itself)."""
+    return copy.deepcopy(model)

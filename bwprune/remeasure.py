@@ -1,0 +1,95 @@
+"""A finished run's paired speedup, measured after the fact (`scripts/measure_speedup.py`).
+
+Runs recorded before paired timing existed (or with `speed.paired=false`) get the measurement a
+new run makes while it generates: the run's first `speed.batches` batches, as recorded in its
+timing.jsonl, are generated again under the run's own config (greedy decoding gives the recorded
+completions back; how many match is stored with the measurement), then timed against dense by the
+same `PairedTiming`. The timing rows gain their `paired` entry and run.json is re-summarized,
+keeping the run's provenance and adding that of the measurement.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from bwprune.benchmarks.base import Benchmark
+from bwprune.config import build, build_method
+from bwprune.errors import UserError
+from bwprune.generation.evaluate import paired_timing
+from bwprune.generation.paired import dense_twin
+from bwprune.generation.prompts import batch_prompts
+from bwprune.generation.runner import SamplingConfig
+from bwprune.prepared import PreparedModel, prepare_model
+from bwprune.provenance import provenance
+from bwprune.records import RunRecorder, batch_keys
+from bwprune.rescore import resummarize
+
+
+def remeasure(run_dir: str | Path, current: DictConfig) -> dict:
+    """Measure the paired speedup of the run in `run_dir`; returns its new run.json record.
+
+    `current`: this checkout's composed config, which gives `speed` and `paths` (the run's own
+    config may predate `speed`, and its paths may be another machine's)."""
+    run_dir = Path(run_dir)
+    recorder = RunRecorder(run_dir.parent, run_dir.name)
+    if not recorder.is_complete():
+        raise UserError(f"{str(run_dir)!r} is not a complete run folder (no run.json)")
+    cfg = _relocated(OmegaConf.load(run_dir / "config.yaml"), current)
+    benchmark: Benchmark = build(cfg.benchmark)
+    if benchmark.kind != "generate":
+        raise UserError(f"{str(run_dir)!r} is a {benchmark.kind} run: it generates nothing to time")
+    samples, timings = recorder.rows()
+    examples = {e.index: e for e in benchmark.examples()}
+    recorded = {RunRecorder.row_key(s): s["completion"] for s in samples}
+    method = build_method(cfg.method)
+    twin: list = []
+
+    def keep_dense(p: PreparedModel) -> None:
+        if method.edits_weights:
+            twin.append(dense_twin(p.model))
+
+    prepared = prepare_model(cfg, method, keep_dense)
+    gen = cfg.generation
+    sampling = SamplingConfig(gen.max_new_tokens, gen.do_sample, gen.temperature, gen.top_p)
+    runner = prepared.runner(sampling, cfg.seed, gen)
+    paired = paired_timing(cfg, runner, prepared, twin[0] if twin else prepared.model)
+    for timing in timings[: cfg.speed.batches]:
+        keys = batch_keys(timing)
+        batch = [(examples[i], k) for i, k in keys]
+        ids, attn = runner.encode(batch_prompts(prepared.tokenizer, cfg.model, batch))
+        with method.attach(prepared.model, prepared.adapter):
+            completions, _ = runner.generate_tokens(ids, attn)
+        timing["paired"] = paired.measure(ids, attn, completions)
+        timing["paired"]["replayed_equal"] = sum(
+            c.text == recorded[key] for c, key in zip(completions, keys)
+        )
+    tmp = recorder.timing_path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in timings))
+    tmp.replace(recorder.timing_path)
+    measured = provenance(cfg.seed, str(prepared.device))
+    return resummarize(recorder, cfg, {"speed_measured": measured})
+
+
+def _relocated(recorded: DictConfig, current: DictConfig) -> DictConfig:
+    """The run's config made runnable here: this checkout's `speed`, `paths` and engine keys
+    (older runs lack them; none changes what is computed), and data shipped in the package
+    named in this checkout (the run may have been recorded in another folder)."""
+    old_data = str(recorded.paths.data_dir)
+    new_data = str(current.paths.data_dir)
+
+    def move(node):
+        if isinstance(node, dict):
+            return {k: move(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [move(v) for v in node]
+        if isinstance(node, str) and node.startswith(old_data):
+            return new_data + node[len(old_data) :]
+        return node
+
+    cfg = OmegaConf.create(move(OmegaConf.to_container(recorded, resolve=True)))
+    cfg.speed, cfg.paths = current.speed, current.paths
+    cfg.generation = OmegaConf.merge(current.generation, cfg.generation)
+    return cfg
