@@ -19,11 +19,15 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 TINY_MODELS = ("tiny_llama", "tiny_qwen2")
 
 
+# Paired timing stays on in tests (every pruned run exercises it) but times one trial of one batch.
+QUICK_SPEED = ["speed.batches=1", "speed.repeats=1", "speed.warmup=0"]
+
+
 def compose_cfg(overrides: list[str] = (), tmp_path: Path | None = None) -> DictConfig:
     """conf/config.yaml composed as run.py would, with run records under `tmp_path`."""
     extra = [f"paths.results_dir={tmp_path}"] if tmp_path is not None else []
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose("config", overrides=["progress=false", *extra, *overrides])
+        return compose("config", overrides=["progress=false", *QUICK_SPEED, *extra, *overrides])
 
 
 @pytest.fixture

@@ -1,0 +1,158 @@
+"""Paired speedup over dense inside a run (bwprune/generation/paired.py, bwprune/speedup.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from bwprune.cli import summary
+from bwprune.config import compose_config
+from bwprune.errors import UserError
+from bwprune.experiment import run
+from bwprune.generation import paired as paired_module
+from bwprune.generation.paired import PairedSettings, PairedTiming
+from bwprune.generation.runner import BatchedRunner, SamplingConfig
+from bwprune.hooks import HookSet
+from bwprune.methods.base import PruningMethod
+from bwprune.models.adapters import adapter_for
+from bwprune.models.loading import load_model
+from bwprune.remeasure import remeasure
+from bwprune.speedup import paired_speedup, schedule_ideal, time_to_answer
+from tests.conftest import CONF_DIR, chat, tiny_model
+
+TINY = ["model=tiny_llama", "limit=4", "batch_size=2", "generation.max_new_tokens=16"]
+
+
+def _timing(method_s: list[float], dense_s: list[float], prefill: float = 0.5) -> dict:
+    """A timing row with a `paired` entry: decode seconds per trial, the same prefill."""
+    return {
+        "prefill_s": 1.0, "decode_s": 3.0, "step_ms": [1.0] * 8,
+        "paired": {
+            "method": [{"prefill_s": prefill, "decode_s": m} for m in method_s],
+            "dense": [{"prefill_s": prefill, "decode_s": d} for d in dense_s],
+            "weight_bytes": {"read": 1000, "params": 1200},
+            "overhead_s": 2.0,
+        },
+    }  # fmt: skip
+
+
+def test_paired_speedup_is_dense_time_over_method_time_with_its_spread():
+    realized = {"params": 0.25, "sparse_step_fraction": 0.5}
+    s = paired_speedup([_timing([1.0, 2.0], [2.0, 3.0]), {"prefill_s": 1, "decode_s": 1,
+                                                          "step_ms": []}], realized)  # fmt: skip
+    assert s["step"] == {"median": 1.75, "min": 1.5, "max": 2.0}
+    assert s["e2e"]["max"] == pytest.approx(2.5 / 1.5)
+    assert (s["batches"], s["repeats"]) == (1, 2)
+    # (c) on sparse steps = 0.25 / 0.5 of 1200 bytes skipped, of 1000 read per step.
+    assert s["bandwidth_bound"] == pytest.approx(1000 / (1000 - 600))
+    assert s["ideal"] == pytest.approx(schedule_ideal(0.5, 2.5))
+    assert s["overhead_fraction"] == pytest.approx(2.0 / 6.0)
+    assert paired_speedup([{"prefill_s": 1, "decode_s": 1, "step_ms": []}], realized) is None
+
+
+def test_time_to_answer_counts_the_steps_a_longer_answer_takes():
+    metrics = {"n": 4, "prefill_s": 1.0, "decode_s": 4.0, "decode_iterations": 200,
+               "speedup": {"step": {"median": 1.5}, "prefill": {"median": 1.0}}}  # fmt: skip
+    # Dense: the same prefill, and 100 steps at 1.5x this run's per-step cost.
+    dense = {"n": 4, "decode_iterations": 100}
+    assert time_to_answer(metrics, dense) == pytest.approx((1.0 + 4.0 * 1.5 / 2) / 5.0)
+    assert time_to_answer(metrics, {**dense, "n": 3}) is None  # not the same problems
+
+
+class Slow(PruningMethod):
+    """A method that only adds time (5 ms per forward): its paired speedup must be below 1."""
+
+    def attach(self, model, adapter) -> HookSet:
+        hooks = HookSet()
+        hooks.forward(model, lambda *_: time.sleep(0.005))
+        return hooks
+
+
+def test_a_method_that_adds_work_times_below_dense():
+    model, tok = tiny_model("tiny_llama")
+    adapter = adapter_for(model)
+    runner = BatchedRunner(model, tok, Slow(), adapter, SamplingConfig(12))
+    ids, attn = runner.encode(chat(tok, ["What is 2 + 3?", "Hi"]))
+    with runner.method.attach(model, adapter):
+        completions, timing = runner.generate_tokens(ids, attn)
+    paired = PairedTiming(runner, adapter, model, PairedSettings(1, 3, 1))
+    row = {"prefill_s": timing.prefill_s, "decode_s": timing.decode_s, "step_ms": [],
+           "paired": paired.measure(ids, attn, completions)}  # fmt: skip
+    s = paired_speedup([row], {"params": 0.0, "sparse_step_fraction": 0.0})
+    assert s["step"]["max"] < 0.9, s
+    assert not any(m._forward_hooks for m in model.modules()), "the method left attached"
+
+
+def test_dense_against_itself_is_one_within_its_spread(tmp_path):
+    cfg = compose_config(
+        Path(CONF_DIR),
+        [*TINY, "method=dense", "speed.paired=true", "speed.batches=2", "speed.repeats=5",
+         "speed.warmup=1", f"paths.results_dir={tmp_path}", "progress=false"],
+    )  # fmt: skip
+    record = run(cfg)
+    s = record["metrics"]["speedup"]
+    assert (s["batches"], s["repeats"]) == (2, 10)
+    for key in ("step", "e2e"):
+        assert s[key]["min"] <= 1.0 <= s[key]["max"], s
+    assert "speedup vs dense (paired, 2 batches, 10 trials)" in summary(record, str(tmp_path))
+
+
+def test_a_method_that_edits_weights_is_timed_against_the_model_as_loaded(
+    cfg_factory, monkeypatch, tmp_path
+):
+    seen = {}
+    real_init = PairedTiming.__init__
+
+    def spy(self, runner, adapter, dense_model, settings):
+        seen["runner"], seen["dense"] = runner.model, dense_model
+        real_init(self, runner, adapter, dense_model, settings)
+
+    monkeypatch.setattr(paired_module.PairedTiming, "__init__", spy)
+    valid = tmp_path / "valid.txt"
+    valid.write_text("The quick brown fox jumps over the lazy dog. " * 200)
+    cfg = cfg_factory(*TINY, "method=wanda", "method.pattern=unstructured",
+                      f"calibration.text_file={valid}", "calibration.num_sequences=2",
+                      "calibration.seq_len=32")  # fmt: skip
+    assert "speedup" in run(cfg)["metrics"]
+    loaded, _ = load_model(cfg.model, cache_dir="unused")
+    assert seen["dense"] is not seen["runner"]
+    assert all(torch.equal(a, b) for a, b in zip(seen["dense"].parameters(), loaded.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(seen["runner"].parameters(),
+                                                     loaded.parameters()))  # fmt: skip
+
+
+def test_auto_times_pruned_runs_only_and_false_times_none(cfg_factory):
+    assert "speedup" not in run(cfg_factory(*TINY, "method=dense"))["metrics"]
+    assert "speedup" in run(cfg_factory(*TINY, "method=ours"))["metrics"]
+    assert "speedup" not in run(cfg_factory(*TINY, "method=teal", "speed.paired=false"))["metrics"]
+
+
+def test_a_finished_run_gets_its_speedup_measured_after_the_fact(cfg_factory):
+    run(cfg_factory(*TINY, "method=dense"))
+    record = run(cfg_factory(*TINY, "method=ours", "speed.paired=false"))
+    assert "speedup" not in record["metrics"]
+    folder = Path(cfg_factory().paths.runs_dir) / record["run_key"]
+    samples = (folder / "samples.jsonl").read_text()
+    current = cfg_factory("speed.batches=2", "speed.repeats=2")
+    new = remeasure(folder, current)
+    m = new["metrics"]
+    assert (m["speedup"]["batches"], m["speedup"]["repeats"]) == (2, 4)
+    assert m["time_to_answer"] > 0 and new["speed_measured"]["device"] == "cpu"
+    assert new["finished_at"] == record["finished_at"]
+    assert (folder / "samples.jsonl").read_text() == samples
+    rows = [json.loads(line) for line in (folder / "timing.jsonl").read_text().splitlines()]
+    assert [r["paired"]["replayed_equal"] for r in rows if "paired" in r] == [2, 2]
+    assert {k: v for k, v in m.items() if k not in ("speedup", "time_to_answer")} == {
+        k: v for k, v in record["metrics"].items()
+    }
+
+
+def test_bad_speed_settings_name_the_value(cfg_factory):
+    with pytest.raises(UserError, match=r"speed.paired='sometimes'.*auto"):
+        run(cfg_factory(*TINY, "method=ours", "speed.paired=sometimes"))
+    with pytest.raises(UserError, match=r"speed\.repeats=0"):
+        run(cfg_factory(*TINY, "method=ours", "speed.repeats=0"))
