@@ -49,8 +49,14 @@ def time_to_answer_vs_dense(run_dir: str | Path, cfg: dict, metrics: dict) -> fl
     found = matching_dense_runs(run_dir, cfg)
     if not found or not metrics.get("speedup"):
         return None
-    dense = json.loads((found[-1] / "run.json").read_text())["metrics"]
-    if "decode_iterations" not in dense:  # recorded before the key existed: count its steps
-        lines = (found[-1] / "timing.jsonl").read_text().splitlines()
-        dense["decode_iterations"] = sum(len(json.loads(line)["step_ms"]) for line in lines)
-    return time_to_answer(metrics, dense)
+    return time_to_answer(metrics, run_metrics(found[-1]))
+
+
+def run_metrics(folder: Path) -> dict:
+    """A complete run's run.json metrics, with `decode_iterations` counted from timing.jsonl
+    for runs recorded before the key existed (time-to-answer needs it of the dense run)."""
+    m = json.loads((folder / "run.json").read_text())["metrics"]
+    if "decode_iterations" not in m:
+        lines = (folder / "timing.jsonl").read_text().splitlines()
+        m["decode_iterations"] = sum(len(json.loads(line)["step_ms"]) for line in lines)
+    return m

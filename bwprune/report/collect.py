@@ -16,9 +16,10 @@ import pandas as pd
 import yaml
 
 from bwprune.errors import choices_error
-from bwprune.pairing import pairing_key
+from bwprune.pairing import pairing_key, run_metrics
 from bwprune.provenance import git
 from bwprune.records import settings
+from bwprune.speedup import time_to_answer
 
 # Method keys that say what is pruned how much, or name the method, not which variant it is: runs
 # recorded before conf/method/*.yaml carried `name` are the same variants as those after.
@@ -113,6 +114,8 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
                 "nll_increase": quality.get("nll_increase"),
                 "kl": quality.get("kl"),
                 "decode_tokens_per_s": m.get("decode_tokens_per_s"),
+                "tokens_per_problem": m.get("tokens_per_problem"),
+                **_speedup_columns(m.get("speedup")),
                 "decode_ms_per_step": m.get("decode_ms_per_step"),
                 "device": record["provenance"]["device"],
                 "git_sha": record["provenance"].get("git_sha"),
@@ -124,7 +127,35 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
         for count in ("n", "problems", "correct", "unscorable"):
             runs[count] = runs[count].astype("Int64")
         runs["agreement"] = _agreement(runs, predictions)
+        runs["time_to_answer"] = _time_to_answer(runs, Path(runs_dir))
     return runs
+
+
+def _speedup_columns(speedup: dict | None) -> dict:
+    """A run's paired speedup over dense (`bwprune.speedup`): per-step median and range,
+    end-to-end median; None where the run was not timed (dense, or recorded before)."""
+    s = speedup or {}
+    step = s.get("step") or {}
+    return {
+        "speedup_step": step.get("median"),
+        "speedup_step_min": step.get("min"),
+        "speedup_step_max": step.get("max"),
+        "speedup_e2e": (s.get("e2e") or {}).get("median"),
+    }
+
+
+def _time_to_answer(runs: pd.DataFrame, runs_dir: Path) -> list[float | None]:
+    """Time-to-answer speedup against the matching dense run (`bwprune.speedup.time_to_answer`):
+    lengths from both runs, time only from this run's own paired measurement."""
+    dense = {r.pairing: r.run_key for r in runs.itertuples() if r.method == "dense"}
+    out = []
+    for r in runs.itertuples():
+        ref = dense.get(r.pairing)
+        if ref is None or pd.isna(r.speedup_step):
+            out.append(None)
+            continue
+        out.append(time_to_answer(run_metrics(runs_dir / r.run_key), run_metrics(runs_dir / ref)))
+    return out
 
 
 def _predictions(samples_path: Path) -> dict:

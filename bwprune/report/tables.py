@@ -36,6 +36,15 @@ FOOTNOTE = (
 )
 
 
+SPEEDUP_NOTE = FOOTNOTE + (
+    " speedup (step) = dense decode time / method decode time on the same work (the method's "
+    "own completions, teacher-forced), timed in the method's run, alternated with it "
+    "(bwprune/generation/paired.py); range = slowest to fastest timed trial; time-to-answer = "
+    "the same per-step ratio with each run's own number of decode steps, so longer answers "
+    "count (bwprune/speedup.py)."
+)
+
+
 @dataclass(frozen=True)
 class Table:
     """A table, its title, and the runs its numbers come from."""
@@ -76,9 +85,9 @@ class Table:
         )
 
 
-def _table(title: str, frame: pd.DataFrame, used: pd.DataFrame) -> Table:
+def _table(title: str, frame: pd.DataFrame, used: pd.DataFrame, note: str = FOOTNOTE) -> Table:
     """A table built from the runs in `used`, which its footnote lists with their outcomes."""
-    return Table(title, frame, list(used["run_key"]), outcomes=sample_outcomes(used))
+    return Table(title, frame, list(used["run_key"]), note, sample_outcomes(used))
 
 
 def sample_outcomes(runs: pd.DataFrame) -> dict[str, str]:
@@ -168,7 +177,23 @@ def main_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int = 4
     )  # fmt: skip
     if not table.empty:
         table = table.merge(kl, on=["model", "method"], how="left").merge(extra)
-    return _table(f"Main table (batch {batch_size}, target ρ = 0.5)", table, sel)
+        table = table.merge(_speedups(sel), on=["model", "method"], how="left")
+    return _table(f"Main table (batch {batch_size}, target ρ = 0.5)", table, sel, SPEEDUP_NOTE)
+
+
+def _speedups(sel: pd.DataFrame) -> pd.DataFrame:
+    """Per method: the paired per-step speedup over dense (mean of its runs' medians, and the
+    range of all their trials) and the time-to-answer speedup, lengths included."""
+    g = sel.groupby(["model", "method"], as_index=False).agg(
+        speedup=("speedup_step", "mean"), low=("speedup_step_min", "min"),
+        high=("speedup_step_max", "max"), tta=("time_to_answer", "mean"),
+    )  # fmt: skip
+    g["range"] = [
+        f"{lo:.2f}–{hi:.2f}" if pd.notna(lo) else None for lo, hi in zip(g["low"], g["high"])
+    ]
+    return g.rename(columns={"speedup": "speedup (step)", "tta": "time-to-answer"})[
+        ["model", "method", "speedup (step)", "range", "time-to-answer"]
+    ]
 
 
 def batch_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
