@@ -61,6 +61,12 @@ def _run_job(cfg: DictConfig) -> dict:
     )  # fmt: skip
     method = build_method(cfg.method)  # bad method arguments fail here, before any folder
     name = method_name(cfg)
+    if cfg.generation.get("batch_invariant") and method.batch_coupled:
+        raise UserError(
+            f"generation.batch_invariant=true computes each row alone, but method={name} shares "
+            "decisions across its batch (batch_coupled); use a method whose rows are independent "
+            "(docs/methods.md says which are, and which options make them so)"
+        )
     with recorder.owned():  # another process of this config: wait for it, then reuse its run
         if recorder.is_complete():
             return _stored(recorder)

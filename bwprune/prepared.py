@@ -40,8 +40,9 @@ class PreparedModel:
         """A batched runner on this model, its engine set by the `generation` config node;
         runners made here share the one ledger."""
         engine = EngineConfig.from_config(generation, self.device)
+        invariant = bool(generation.batch_invariant)
         return BatchedRunner(self.model, self.tokenizer, self.method, self.adapter, sampling,
-                             seed, self.ledger, engine)  # fmt: skip
+                             seed, self.ledger, engine, invariant)  # fmt: skip
 
 
 def prepare_model(

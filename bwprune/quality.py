@@ -71,7 +71,7 @@ def dense_references(
         return []
     dense = BatchedRunner(
         prepared.model, prepared.tokenizer, PruningMethod(), prepared.adapter,
-        SamplingConfig(q.max_tokens),
+        SamplingConfig(q.max_tokens), batch_invariant=bool(cfg.generation.batch_invariant),
     )  # fmt: skip
     bar = tqdm(batches, desc="dense references", unit="batch", disable=not cfg.progress)
     return [

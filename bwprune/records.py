@@ -44,7 +44,7 @@ NON_IDENTITY_KEYS = (
 ENGINE_KEYS = ("kv_cache", "compile", "compile_backend", "compaction")
 # Options added after runs were recorded: in a run's identity only when set away from their
 # default, so adding one does not re-key (and so re-run) every recorded run.
-LATE_OPTIONS = {("quality", "traces"): False}
+LATE_OPTIONS = {("quality", "traces"): False, ("generation", "batch_invariant"): False}
 
 
 def method_name(cfg: DictConfig) -> str:

@@ -38,6 +38,7 @@ def remeasure(run_dir: str | Path, current: DictConfig) -> dict:
     if not recorder.is_complete():
         raise UserError(f"{str(run_dir)!r} is not a complete run folder (no run.json)")
     cfg = _relocated(OmegaConf.load(run_dir / "config.yaml"), current)
+    cfg.method.setdefault("name", run_dir.parent.name)  # recorded before methods carried it
     benchmark: Benchmark = build(cfg.benchmark)
     if benchmark.kind != "generate":
         raise UserError(f"{str(run_dir)!r} is a {benchmark.kind} run: it generates nothing to time")

@@ -88,6 +88,7 @@ class PairedTiming:
         self.dense = BatchedRunner(
             dense_model, runner.tokenizer, PruningMethod(), self.dense_adapter, runner.sampling,
             ledger=SparsityLedger(self.dense_adapter, runner.device), engine=runner.engine,
+            batch_invariant=runner.batch_invariant,
         )  # fmt: skip
         self.weight_bytes = weight_bytes(dense_model)
 

@@ -101,10 +101,13 @@ class BatchedRunner:
         seed: int = 0,
         ledger: SparsityLedger | None = None,
         engine: EngineConfig = EngineConfig(),
+        batch_invariant: bool = False,
     ) -> None:
-        """`ledger`: built before the method's `prepare` when that changes the model's shape."""
+        """`ledger`: built before the method's `prepare` when that changes the model's shape.
+        `batch_invariant`: every row is computed alone (`generate_tokens`)."""
         self.model, self.tokenizer, self.method = model, tokenizer, method
         self.sampling, self.engine = sampling, engine
+        self.batch_invariant = batch_invariant
         self.device = next(model.parameters()).device
         self.ledger = ledger or SparsityLedger(adapter, self.device)
         self.driver = MethodDriver(method, self.ledger)
@@ -170,7 +173,15 @@ class BatchedRunner:
         `observe(i, logits)` sees the (B, V) logits that predict every row's i-th new token.
         `progress(step, live rows)` is called before every decode step (host values the loop has
         anyway: it adds no sync).
+
+        With `batch_invariant`, each row is generated alone, unpadded, one after the other: its
+        computation is then that of a batch of 1 whatever else is in the batch, bit for bit
+        (batched float matmuls differ from batch-1 ones in the last bits, which flip
+        near-threshold activations and compound). It costs the batching: the rows' decode
+        steps run in sequence, and the timing says so.
         """
+        if self.batch_invariant and ids.shape[0] > 1:
+            return self._row_by_row(ids, attn, stop_strings, forced, observe, progress)
         stops = StopStrings(self.tokenizer, stop_strings) if stop_strings else None
         ids, attn = ids.to(self.device), attn.to(self.device)
         batch = ids.shape[0]
@@ -229,6 +240,34 @@ class BatchedRunner:
             step_s=intervals[1:],
         )
         return completions, timing
+
+    def _row_by_row(self, ids, attn, stop_strings, forced, observe, progress):
+        """`generate_tokens` row by row (`batch_invariant`); `observe` still sees (B, V) logits
+        of every row at once, in order (a row that has ended reads zeros)."""
+        seen: list[list[torch.Tensor]] = []
+        completions, timings = [], []
+        for b in range(ids.shape[0]):
+            own = attn[b].bool()
+            one = None if forced is None else Forcing(forced.tokens[b : b + 1],
+                                                      forced.lengths[b : b + 1])  # fmt: skip
+            logits: list[torch.Tensor] = []
+            record = None if observe is None else (lambda i, x, kept=logits: kept.append(x[0]))
+            c, t = self.generate_tokens(
+                ids[b : b + 1, own], attn[b : b + 1, own], stop_strings, one, record, progress
+            )
+            completions += c
+            timings.append(t)
+            seen.append(logits)
+        if observe is not None:
+            for i in range(max(map(len, seen))):
+                observe(i, torch.stack([r[i] if i < len(r) else torch.zeros_like(r[0])
+                                        for r in seen]))  # fmt: skip
+        return completions, BatchTiming(
+            prefill_s=sum(t.prefill_s for t in timings),
+            decode_s=sum(t.decode_s for t in timings),
+            decode_tokens=sum(t.decode_tokens for t in timings),
+            step_s=[s for t in timings for s in t.step_s],
+        )
 
     def _compact(self, rows, keep, cache, token, position, finished, forced):
         """Only the computed rows `keep` go on: the method's and the ledger's row state, the KV
