@@ -17,9 +17,11 @@ layer's gate/up/down weights (no neuron is skipped). Zeros in dense storage run 
 there is no speed-up here, on CPU or GPU. PyTorch's 2:4 semi-structured kernels (CUDA, fp16/bf16)
 could turn `2:4` into one; they are not used, so speed numbers for Wanda are dense numbers.
 
-Deviations: calibration text is WikiText-2 `valid.txt` (Wanda and paper A: C4, 128 × 2048 tokens,
-seed 0), sized by `conf/calibration`. The cache stores Σ_tokens X_j² per input channel of every
-linear (which, with the weights, fixes the masks) for this ρ and pattern.
+Deviations: calibration text is WikiText-2 `valid.txt`, sized by `conf/calibration` (Wanda's code:
+C4, 128 windows of max_position_embeddings tokens, 2048 for LLaMA-1, seed 0; paper A, per a
+third-party note on its full text: C4, no size or seed given; see conf/method/wanda.yaml). The
+cache stores Σ_tokens X_j² per input channel of every linear (which, with the weights, fixes the
+masks) for this ρ and pattern.
 """
 
 from __future__ import annotations

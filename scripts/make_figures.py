@@ -17,7 +17,7 @@ def main(overrides: list[str]) -> None:
     try:
         runs, left_out = source_runs(cfg)
         if not runs.empty:
-            defaults = default_variants(ROOT / "conf", sorted(runs["method"].unique()))
+            defaults = default_variants(ROOT / "conf", runs)
             cells, every_size = default_cells(runs, defaults), default_runs(runs, defaults)
     except UserError as e:
         sys.exit(f"error: {e}")

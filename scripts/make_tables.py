@@ -15,8 +15,7 @@ def main(overrides: list[str]) -> None:
     cfg = report_config(ROOT / "conf", overrides)
     try:
         runs, left_out = source_runs(cfg)
-        methods = sorted(runs["method"].unique()) if not runs.empty else []
-        tables = all_tables(runs, default_variants(ROOT / "conf", methods)) if methods else {}
+        tables = {} if runs.empty else all_tables(runs, default_variants(ROOT / "conf", runs))
     except UserError as e:
         sys.exit(f"error: {e}")
     if left_out:

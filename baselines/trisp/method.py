@@ -37,6 +37,8 @@ class TriSP(PruningMethod):
     `sparsity`: fraction of attention+MLP parameters removed (the last unit may leave it short by
     less than one KV group or neuron). `score`: `trisp` (Eq. 6) or one signal alone, `wifn` (Eq. 4)
     or `gs` (Eq. 5). `zscore`: standardise per `layer` (FLAP's code) or over the whole `model`.
+    `attn_square`: square the attention channel scores before the z-score (FLAP's code; paper B's
+    text does not).
     `calibration`: the shared calibration config (text_file, num_sequences, seq_len, seed, and
     cache_dir for the statistics; null: no cache). `lora`: `LoraSettings` fields. `save_dir`: where
     to save the pruned model (reload with `baselines.trisp.load_pruned`); null: not saved.
@@ -48,6 +50,7 @@ class TriSP(PruningMethod):
         calibration: Mapping,
         score: str = "trisp",
         zscore: str = "layer",
+        attn_square: bool = False,
         recovery: str = "bias",
         lora: Mapping | None = None,
         save_dir: str | None = None,
@@ -58,12 +61,15 @@ class TriSP(PruningMethod):
             raise choices_error("score", score, SCORES)
         if zscore not in ZSCORES:
             raise choices_error("zscore", zscore, ZSCORES)
+        if not isinstance(attn_square, bool):  # a string such as "no" would be truthy
+            raise UserError(f"attn_square={attn_square!r} must be true or false")
         if recovery not in RECOVERIES:
             raise choices_error("recovery", recovery, RECOVERIES)
         missing = [k for k in CALIBRATION_KEYS if k not in calibration]
         if missing:
             raise UserError(f"calibration lacks {missing}; it needs {list(CALIBRATION_KEYS)}")
         self.sparsity, self.score, self.zscore = float(sparsity), score, zscore
+        self.attn_square = attn_square
         self.recovery = recovery
         self.calibration = {k: calibration[k] for k in calibration}
         self.lora = LoraSettings(**{k: lora[k] for k in lora or {}})
@@ -95,7 +101,9 @@ class TriSP(PruningMethod):
         )
         device = next(model.parameters()).device
         stats = {k: v.to(device) for k, v in self._statistics(model, adapter, windows).items()}
-        plan = plan_pruning(adapter, stats, self.sparsity, self.score, self.zscore)
+        plan = plan_pruning(
+            adapter, stats, self.sparsity, self.score, self.zscore, self.attn_square
+        )
         d_ff = torch.tensor([f.d_ff for f in adapter.ffns()], dtype=torch.float64)
         before = adapter.num_params()
         bias = self.recovery == "bias"

@@ -1,10 +1,11 @@
 """TriSP scores (paper B §3.2, Eq. 4–6) and adaptive allocation (AL-AM, §3 step 2; FLAP).
 
-Units are attention KV groups and MLP neurons. Channel scores of o_proj inputs (heads) and down_proj
-inputs (neurons) are z-scored, a group scores the mean of its o_proj channels (FLAP averages a
-head's channels), and one global threshold over all units of all layers, weighted by each unit's
-parameter cost, keeps (1 − sparsity) of the attention+MLP parameters. Per-layer budgets therefore
-differ: layers whose units score low lose more.
+Units are attention KV groups and MLP neurons. Channel scores of o_proj inputs (heads; squared
+first with `attn_square`, as in FLAP's code) and down_proj inputs (neurons) are z-scored, a group
+scores the mean of its o_proj channels (FLAP averages a head's channels), and one global threshold
+over all units of all layers, weighted by each unit's parameter cost, keeps (1 − sparsity) of the
+attention+MLP parameters. Per-layer budgets therefore differ: layers whose units score low lose
+more.
 
 GQA rule: a unit is a whole KV group — one K/V head and the query heads that share it. Pruning
 query heads inside a group would make the number of query heads per KV head differ between groups,
@@ -89,12 +90,17 @@ def plan_pruning(
     sparsity: float,
     score: str = "trisp",
     zscore: str = "layer",
+    attn_square: bool = False,
 ) -> Plan:
     """Score every unit and pick the kept set by one global, cost-weighted threshold (AL-AM).
 
     Units sorted by score (each layer's best group and neuron first, always kept) are kept until
     their cost reaches (1 − sparsity) of the total, so the removed fraction is at most `sparsity`
-    and short of it by less than one unit.
+    and short of it by less than one unit. `attn_square` squares the o_proj channel scores before
+    the z-score, as FLAP's `prune_flap` does (`metrics[...] ** 2` for o_proj only); paper B §3.2
+    gives one score, Eq. 6, for both modules. Squaring keeps each channel's rank but stretches the
+    upper tail, so it moves the standardized head scores, and with them which KV groups survive
+    against each other and against the MLP neurons.
     """
     n_layers = len(adapter.layers)
     n_groups = adapter.attn(0).num_kv_heads
@@ -102,6 +108,8 @@ def plan_pruning(
         channel_scores(adapter.attn(i).o.weight, stats["attn_sq"][i], stats["attn_grad"][i], score)
         for i in range(n_layers)
     ])  # fmt: skip
+    if attn_square:
+        attn = attn.square()
     mlp = torch.stack([
         channel_scores(adapter.ffn(i).down.weight, stats["mlp_sq"][i], stats["mlp_grad"][i], score)
         for i in range(n_layers)

@@ -10,7 +10,10 @@ never pruned; ρ = 0 or `t_prune = 0` is exactly dense. The score math (Eq. 2–
 
 `select: threshold` is the paper's key ablation: keep the neurons whose memory exceeds a per-layer
 threshold calibrated offline on *unaggregated* per-sample scores, so the kept count drifts with the
-batch (a max over more rows keeps more neurons) while top-k stays at ρ.
+batch (a max over more rows keeps more neurons) while top-k stays at ρ. The kept count also moves
+without any batch, as the threshold meets the running-max memory (which only grows) and phases of
+other lengths than its `t_explore`-token calibration windows (prompt, `t_init`): the batch effect
+is threshold at batch B against threshold at batch 1.
 """
 
 from __future__ import annotations

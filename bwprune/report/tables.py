@@ -1,12 +1,13 @@
 """The paper's tables, built from `load_runs` output; each is written as markdown and LaTeX.
 
-Main, batch-size and sparsity tables use each method's default variant (its yaml defaults); the
-ablation tables vary one argument of `ours`; all but the runs table are about generation
-benchmarks (perplexity runs have their own numbers). Runs that differ only in how many problems
-they saw (`limit`, `subset`) or in generation settings compete for one cell, and the setting with
-the most problems is used (`largest_evaluations`); seeds of one setting are averaged, different
-settings never are (`bwprune.report.cells`). Every table lists its runs, each with how its
-samples ended: correct, wrong, or unscorable by reason (bwprune/scoring).
+Main, batch-size and sparsity tables use each method's default variant on each model (its yaml
+defaults, with the model's own values from conf/model_method/); the ablation tables vary one
+argument of `ours`; all but the runs table are about generation benchmarks (perplexity runs have
+their own numbers). Runs that differ only in how many problems they saw (`limit`, `subset`) or in
+generation settings compete for one cell, and the setting with the most problems is used
+(`largest_evaluations`); seeds of one setting are averaged, different settings never are
+(`bwprune.report.cells`). Every table lists its runs, each with how its samples ended: correct,
+wrong, or unscorable by reason (bwprune/scoring).
 Realized sparsity follows bwprune/engine/ledger.py (decode steps only): (a) FFN neurons over all
 decode steps, (c) all parameters skipped per token.
 """
@@ -114,16 +115,18 @@ def _math(text: str) -> str:
     return text.replace("ρ", "$\\rho$").replace("‖", "$\\|$")
 
 
-def default_variants(conf_dir: str | Path, methods: list[str]) -> dict[str, str]:
-    """Each method's default variant, from its yaml (the only source of defaults)."""
+def default_variants(conf_dir: str | Path, runs: pd.DataFrame) -> dict[str, str]:
+    """The default variant of each `<model>/<method>` pair in `runs` (keyed as in run keys), from
+    the yaml files (the only source of defaults). Composed with the model, because a model may set
+    its own method values (conf/model_method/: Qwen3-1.7B's mask period for `ours`)."""
     from omegaconf import OmegaConf
 
     from bwprune.config import compose_config
 
     out = {}
-    for method in methods:
-        cfg = compose_config(conf_dir, [f"method={method}"])
-        out[method] = method_variant(OmegaConf.to_container(cfg.method, resolve=True))
+    for model, method in sorted(set(zip(runs["model"], runs["method"]))):
+        cfg = compose_config(conf_dir, [f"model={model}", f"method={method}"])
+        out[f"{model}/{method}"] = method_variant(OmegaConf.to_container(cfg.method, resolve=True))
     return out
 
 
@@ -138,7 +141,13 @@ def default_cells(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
 
 
 def _defaults_only(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
-    return runs[[defaults.get(m) == v for m, v in zip(runs["method"], runs["variant"])]]
+    pairs = zip(runs["model"], runs["method"], runs["variant"])
+    return runs[_rows(runs, [defaults.get(f"{model}/{method}") == v for model, method, v in pairs])]
+
+
+def _rows(runs: pd.DataFrame, keep: list[bool]) -> pd.Series:
+    """A row mask; a bare list would select no columns when it is empty (no runs of a kind)."""
+    return pd.Series(keep, index=runs.index, dtype=bool)
 
 
 def _at_target(runs: pd.DataFrame, rho: float = 0.5) -> pd.DataFrame:
@@ -225,9 +234,9 @@ def ablation_table(runs: pd.DataFrame, defaults: dict[str, str], argument: str) 
         return {k: v for k, v in json.loads(variant).items() if k != argument}
 
     sel = runs[runs["method"] == "ours"]
-    if "ours" in defaults:
-        sel = sel[[others(v) == others(defaults["ours"]) for v in sel["variant"]]]
-    sel = sel.copy()
+    default = [defaults.get(f"{model}/ours") for model in sel["model"]]
+    same = [d is None or others(v) == others(d) for v, d in zip(sel["variant"], default)]
+    sel = sel[_rows(sel, same)].copy()
     sel[argument] = [str(json.loads(v).get(argument)) for v in sel["variant"]]
     columns = {"problems": "n", "accuracy": "acc", "agreement": "agree", "kl": "KL",
                "realized_ffn": "(a) ffn", "realized_ffn_sparse_steps": "(b) ffn"}  # fmt: skip

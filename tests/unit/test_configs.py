@@ -6,7 +6,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from bwprune.config import build, build_method
+from bwprune.config import build, build_method, compose_config
 from bwprune.errors import UserError
 from bwprune.records import run_key
 from tests.conftest import CONF_DIR, compose_cfg
@@ -34,6 +34,35 @@ def test_every_method_instantiates_under_its_config_name(method):
     cfg = compose_cfg([f"method={method}"])
     assert build_method(cfg.method) is not None
     assert run_key(cfg).split("/")[2] == method  # the run key names the config choice
+
+
+def period(cfg) -> int:
+    return cfg.method.t_prune + cfg.method.t_explore
+
+
+def test_a_model_method_pair_specializes_the_method_config():
+    """Paper A's mask period is 10 for Qwen3-1.7B, 20 for the 7-8B models
+    (conf/model_method/qwen3_1p7b_ours.yaml); an explicit override still wins, and the run key
+    hashes the resolved values, not how they were set."""
+    qwen3 = ["model=qwen3_1p7b", "method=ours"]
+    assert period(compose_config(CONF_DIR, qwen3)) == 10
+    assert period(compose_config(CONF_DIR, ["model=ds_r1_qwen_7b", "method=ours"])) == 20
+    assert period(compose_config(CONF_DIR, ["method=ours"])) == 20  # SmolLM2: ours.yaml as is
+    overridden = compose_config(CONF_DIR, [*qwen3, "method.t_prune=16", "method.t_explore=4"])
+    assert period(overridden) == 20
+    spelled_out = compose_config(CONF_DIR, [*qwen3, "method.t_prune=8", "method.t_explore=2"])
+    assert run_key(spelled_out) == run_key(compose_config(CONF_DIR, qwen3)) != run_key(overridden)
+    for method in options("method"):  # the other methods are the same on every model
+        if method != "ours":
+            on_qwen3 = compose_config(CONF_DIR, ["model=qwen3_1p7b", f"method={method}"]).method
+            assert on_qwen3 == compose_config(CONF_DIR, [f"method={method}"]).method, method
+
+
+def test_every_model_method_file_names_a_model_and_a_method():
+    """The defaults entry is optional, so a misnamed file would silently never apply."""
+    pairs = {f"{model}_{method}" for model in options("model") for method in options("method")}
+    assert options("model_method")
+    assert set(options("model_method")) <= pairs
 
 
 def test_a_method_config_without_a_name_is_refused():

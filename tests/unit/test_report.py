@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
 from bwprune.errors import UserError
 from bwprune.experiment import run
@@ -15,6 +16,7 @@ from bwprune.report.collect import _agreement, load_runs, method_variant, report
 from bwprune.report.tables import (
     all_tables,
     batch_table,
+    default_runs,
     default_variants,
     speed_table,
     write_tables,
@@ -46,6 +48,15 @@ def test_a_method_s_name_is_not_part_of_its_variant():
     assert method_variant({**args, "name": "ours"}) == method_variant(args) == '{"memory": true}'
 
 
+def test_a_model_s_own_method_values_are_its_default_variant():
+    """`ours` at period 10 is Qwen3-1.7B's default (conf/model_method/), not SmolLM2's."""
+    qwen3 = compose_cfg(["model=qwen3_1p7b", "method=ours"]).method
+    variant = method_variant(OmegaConf.to_container(qwen3, resolve=True))
+    runs = pd.DataFrame({"model": ["qwen3_1p7b", "smollm2_135m"], "method": ["ours"] * 2,
+                         "variant": [variant] * 2, "perplexity": [float("nan")] * 2})  # fmt: skip
+    assert list(default_runs(runs, default_variants(CONF_DIR, runs))["model"]) == ["qwen3_1p7b"]
+
+
 def test_agreement_counts_only_samples_where_either_run_answered():
     runs = pd.DataFrame(
         {"run_key": ["d", "m", "silent"], "method": ["dense", "ours", "ours"], "pairing": ["p"] * 3}
@@ -63,7 +74,7 @@ def test_agreement_counts_only_samples_where_either_run_answered():
 def test_every_table_lists_its_runs(results, tmp_path):
     runs_dir, keys = results
     runs = load_runs(runs_dir)
-    tables = all_tables(runs, default_variants(CONF_DIR, ["dense", "ours"]))
+    tables = all_tables(runs, default_variants(CONF_DIR, runs))
     assert all(k in tables["runs"].markdown() for k in keys)
     memory = tables["ablation_memory"].markdown()
     assert "False" in memory and "True" in memory
@@ -81,7 +92,7 @@ def test_every_table_lists_its_runs(results, tmp_path):
 
 def test_footnotes_say_how_each_run_s_samples_ended(results):
     runs = load_runs(results[0])
-    main = all_tables(runs, default_variants(CONF_DIR, ["dense", "ours"]))["runs"]
+    main = all_tables(runs, default_variants(CONF_DIR, runs))["runs"]
     for r in runs.itertuples():  # tiny runs: 2 problems, cut at 24 tokens
         wrong = r.n - r.correct - r.unscorable
         line = f"`{r.run_key}` — {r.correct} correct, {wrong} wrong, {r.unscorable} unscorable"
@@ -147,7 +158,7 @@ def test_a_cell_never_averages_runs_of_different_settings(tmp_path):
         run(compose_cfg([*base, f"generation.max_new_tokens={tokens}"], tmp_path))
     runs = load_runs(tmp_path / "runs")
     with pytest.raises(UserError, match=r"differ in generation.max_new_tokens \((24|16) vs"):
-        batch_table(runs, default_variants(CONF_DIR, ["ours"]))
+        batch_table(runs, default_variants(CONF_DIR, runs))
     with pytest.raises(UserError, match="one table cell would average runs of different settings"):
         largest_evaluations(runs)
 
@@ -157,7 +168,7 @@ def test_quality_settings_must_agree_only_among_runs_that_measured_quality(tmp_p
     base = ["model=tiny_llama", "method=ours", "limit=2", "batch_size=2"]
     for quality in (["quality.enabled=false"], ["quality.enabled=true", "quality.max_tokens=4"]):
         run(compose_cfg([*base, *quality], tmp_path))
-    defaults = default_variants(CONF_DIR, ["ours"])
+    defaults = default_variants(CONF_DIR, load_runs(tmp_path / "runs"))
     assert len(batch_table(load_runs(tmp_path / "runs"), defaults).run_keys) == 2
     run(compose_cfg([*base, "quality.enabled=true", "quality.max_tokens=6"], tmp_path))
     with pytest.raises(UserError, match=r"differ in max_tokens \((4|6) vs"):
@@ -190,6 +201,6 @@ def test_make_tables_reads_only_the_runs_git_tracks(results, tmp_path):
 def test_committed_tables_rebuild_from_the_committed_runs():
     """results/tables/*.md are what `make tables` makes of the runs committed under results/."""
     runs, _ = report_runs(ROOT / "results" / "runs", "committed")
-    tables = all_tables(runs, default_variants(CONF_DIR, sorted(runs["method"].unique())))
+    tables = all_tables(runs, default_variants(CONF_DIR, runs))
     for stem, table in tables.items():
         assert table.markdown() == (ROOT / "results" / "tables" / f"{stem}.md").read_text(), stem

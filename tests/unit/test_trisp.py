@@ -4,6 +4,7 @@ the GQA rule, save/reload, and the method object as the runner uses it."""
 from __future__ import annotations
 
 import copy
+import inspect
 from pathlib import Path
 
 import pytest
@@ -260,12 +261,55 @@ def test_score_ablations_change_the_plan(setup):
     assert len(kept) == 3
 
 
+def test_attn_square_changes_which_kv_group_a_layer_keeps(setup):
+    """FLAP squares attention channel scores before the z-score; TriSP's Eq. 6 does not. Layer 0's
+    scores are set by hand: KV group 0 has 1.0 on every channel, group 1 has 3.0 on an eighth of
+    its channels and 0.1 on the rest. A per-layer z-score is affine, so the group mean keeps the
+    order of the raw means (1 > 0.46: group 0 wins) or, squared, of the mean squares (1.13 > 1:
+    group 1 wins). At ρ 0.6 the layer keeps only its best group."""
+    model, _, _, stats = setup
+    a = adapter_for(model).attn(0)
+    assert a.num_kv_heads == 2
+    width = a.num_heads // a.num_kv_heads * a.head_dim  # o_proj channels per KV group
+    peak = torch.arange(width) < width // 8
+    x = torch.cat([torch.ones(width), torch.where(peak, 3.0, 0.1)])
+    m = a.o.weight.detach().abs().mean(0)  # Eq. 4's mean_i |W_ij|
+    # With Ḡ-term = m and a = (x / m)²: WIFN = GS = S = x (up to Eq. 4's ε).
+    stats = {**stats, "attn_sq": stats["attn_sq"].clone(), "attn_grad": stats["attn_grad"].clone()}
+    stats["attn_sq"][0], stats["attn_grad"][0] = (x / m) ** 2, m
+    kept = {
+        square: plan_pruning(adapter_for(model), stats, 0.6, attn_square=square).kv_groups[0]
+        for square in (False, True)
+    }
+    assert kept[False].tolist() == [0]
+    assert kept[True].tolist() == [1]
+
+
+def test_the_method_plans_with_its_attn_square(setup, text_file, monkeypatch):
+    """The option reaches `plan_pruning` from the config, not only from direct calls."""
+    import baselines.trisp.method as method_module
+
+    model, tok, _, _ = setup
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(inspect.signature(plan_pruning).bind(*args, **kwargs).arguments["attn_square"])
+        return plan_pruning(*args, **kwargs)
+
+    monkeypatch.setattr(method_module, "plan_pruning", spy)
+    for square in (True, False):
+        pruned = copy.deepcopy(model)
+        TriSP(0.3, calib(text_file), attn_square=square).prepare(pruned, adapter_for(pruned), tok)
+    assert seen == [True, False]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
         ({"sparsity": 1.0}, "sparsity=1.0"),
         ({"score": "taylor"}, r"score='taylor'.*\['gs', 'trisp', 'wifn'\]"),
         ({"zscore": "none"}, r"zscore='none'.*\['layer', 'model'\]"),
+        ({"attn_square": "no"}, r"attn_square='no' must be true or false"),
         ({"recovery": "sft"}, r"recovery='sft'.*\['bias', 'lora', 'none'\]"),
         ({"lora": {"rank": 0}}, r"lora.rank=0"),
         ({"calibration": {"text_file": "x"}}, "num_sequences"),
@@ -282,4 +326,5 @@ def test_config_composes_and_instantiates():
     method = build_method(cfg.method)
     assert isinstance(method, TriSP) and method_name(cfg) == "trisp"
     assert method.sparsity == 0.2 and method.recovery == "lora" and method.lora.rank == 8
+    assert method.attn_square is False  # paper B's text; FLAP's code squares
     assert method.calibration["text_file"].endswith("wikitext2/valid.txt")
