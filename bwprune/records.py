@@ -44,7 +44,11 @@ NON_IDENTITY_KEYS = (
 ENGINE_KEYS = ("kv_cache", "compile", "compile_backend", "compaction")
 # Options added after runs were recorded: in a run's identity only when set away from their
 # default, so adding one does not re-key (and so re-run) every recorded run.
-LATE_OPTIONS = {("quality", "traces"): False, ("generation", "batch_invariant"): False}
+LATE_OPTIONS = {
+    ("quality", "traces"): False,
+    ("generation", "batch_invariant"): False,
+    ("method", "attn_square"): False,  # trisp's FLAP-style squared attention scores
+}
 
 
 def method_name(cfg: DictConfig) -> str:
