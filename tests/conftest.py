@@ -10,7 +10,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from bwprune.config import register_resolvers
+from bwprune.config import package_data_dir, register_resolvers
 from bwprune.generation.runner import BatchedRunner
 from bwprune.models.loading import load_model
 
@@ -28,6 +28,16 @@ def compose_cfg(overrides: list[str] = (), tmp_path: Path | None = None) -> Dict
     extra = [f"paths.results_dir={tmp_path}"] if tmp_path is not None else []
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         return compose("config", overrides=["progress=false", *QUICK_SPEED, *extra, *overrides])
+
+
+def small_calibration(folder: Path) -> list[str]:
+    """Overrides for a small calibration set in `folder` (the byte tokenizer is slow on the whole
+    WikiText-2 file), its artifacts cached there too."""
+    text = folder / "valid_head.txt"
+    source = Path(package_data_dir()) / "wikitext2" / "valid.txt"
+    text.write_text(source.read_text(encoding="utf-8")[:20_000])
+    return [f"calibration.text_file={text}", "calibration.num_sequences=4",
+            "calibration.seq_len=64", f"paths.cache_dir={folder}"]  # fmt: skip
 
 
 @pytest.fixture

@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from bwprune.config import build_method, package_data_dir
+from bwprune.config import build_method
 from bwprune.engine.ledger import SparsityLedger
 from bwprune.generation.runner import BatchedRunner, EngineConfig, Forcing, SamplingConfig
 from bwprune.methods.neuron_mask import NeuronMaskMethod
 from bwprune.methods.thresholds import ThresholdMethod
 from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
-from tests.conftest import CONF_DIR, compose_cfg
+from tests.conftest import CONF_DIR, compose_cfg, small_calibration
 from tests.contract.oracle import SkipOracle
 
 METHODS = sorted(p.stem for p in (Path(CONF_DIR) / "method").glob("*.yaml"))
@@ -41,13 +41,8 @@ JUNK = 7  # a token id fed where the method must not look
 
 @pytest.fixture(scope="module")
 def calibration_overrides(tmp_path_factory) -> list[str]:
-    """A small calibration set (the byte tokenizer is slow on the whole file), cached per module."""
-    folder = tmp_path_factory.mktemp("contract")
-    text = folder / "valid_head.txt"
-    source = Path(package_data_dir()) / "wikitext2" / "valid.txt"
-    text.write_text(source.read_text(encoding="utf-8")[:20_000])
-    return [f"calibration.text_file={text}", "calibration.num_sequences=4",
-            "calibration.seq_len=64", f"paths.cache_dir={folder}"]  # fmt: skip
+    """A small calibration set, cached per module."""
+    return small_calibration(tmp_path_factory.mktemp("contract"))
 
 
 def continuation(prompt: list[int]) -> torch.Tensor:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from bwprune.config import package_data_dir
 from bwprune.errors import UserError
 from bwprune.experiment import run
 from bwprune.records import RunRecorder
+from tests.conftest import small_calibration
 
 TINY = ["model=tiny_llama", "limit=3", "generation.max_new_tokens=12", "quality.enabled=true",
         "quality.max_tokens=8", "generation.batch_invariant=true",
@@ -25,12 +25,7 @@ UNCOUPLED = [
 
 @pytest.fixture(scope="module")
 def calibration(tmp_path_factory) -> list[str]:
-    folder = tmp_path_factory.mktemp("calibration")
-    text = folder / "valid_head.txt"
-    source = Path(package_data_dir()) / "wikitext2" / "valid.txt"
-    text.write_text(source.read_text(encoding="utf-8")[:20_000])
-    return [f"calibration.text_file={text}", "calibration.num_sequences=4",
-            "calibration.seq_len=64", f"paths.cache_dir={folder}"]  # fmt: skip
+    return small_calibration(tmp_path_factory.mktemp("calibration"))
 
 
 def _outputs(cfg) -> list[tuple]:
