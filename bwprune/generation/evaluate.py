@@ -68,9 +68,7 @@ def generate_missing(
         cfg, method, lambda p: references.extend(dense_references(cfg, p, todo))
     )
     model, tokenizer, adapter = prepared.model, prepared.tokenizer, prepared.adapter
-    gen = cfg.generation
-    sampling = SamplingConfig(gen.max_new_tokens, gen.do_sample, gen.temperature, gen.top_p)
-    runner = prepared.runner(sampling, cfg.seed, cfg.generation)
+    runner = prepared.runner(SamplingConfig.from_config(cfg.generation), cfg.seed, cfg.generation)
     correct = tokens = scored = 0
     decode_s = 0.0
     bar = tqdm(todo, desc=recorder.key, unit="batch", disable=not cfg.progress)
