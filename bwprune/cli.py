@@ -40,6 +40,13 @@ def summary(record: dict, runs_dir: str) -> str:
             f"unscorable){sparsity}  decode {m['decode_tokens_per_s']:.1f} tok/s "
             f"({m['decode_ms_per_step']:.1f} ms/step)"
         )
+    cost = m.get("cost")
+    if cost:  # a matched-cost run: what its search chose, and on what
+        line += (
+            f"\n  matched cost: ρ {cost['rho']:g} realized {cost['quantity']} "
+            f"{cost['realized']:.3f} (target {cost['target']:g} ± {cost['tolerance']:g}) on "
+            f"{len(cost['calibration']['indices'])} calibration problems"
+        )
     folder = f"{runs_dir}/{record['run_key']}"
     stored = (
         f"\n  stored: numbers of the run that finished at {record['finished_at']}; nothing was "

@@ -41,7 +41,7 @@ def rescore(run_dir: str | Path) -> dict:
     tmp.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
     tmp.replace(recorder.samples_path)
     old = recorder.record() if recorder.is_complete() else {}
-    metrics = summarize(samples, timings, target_sparsity(cfg))
+    metrics = summarize(samples, timings, target_sparsity(cfg), recorder.cost_search())
     prov = old.get("provenance") or provenance(cfg.seed, str(cfg.model.device))
     # finished_at stays the generation's: it dates the samples, which rescoring keeps (and run.py
     # names it when it shows a complete run's stored numbers).

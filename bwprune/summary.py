@@ -27,10 +27,14 @@ def pass_at_1(samples: list[dict]) -> float:
     return sum(sum(c) / len(c) for c in per_problem.values()) / len(per_problem)
 
 
-def summarize(samples: list[dict], timings: list[dict], target_sparsity: float) -> dict:
+def summarize(
+    samples: list[dict], timings: list[dict], target_sparsity: float, cost: dict | None = None
+) -> dict:
     """`run.json` metrics from the per-sample and per-batch records.
 
-    `n`, `correct`, `unscorable` count sample rows; `accuracy` is pass@1 over `problems`.
+    `n`, `correct`, `unscorable` count sample rows; `accuracy` is pass@1 over `problems`. `cost`
+    is a matched-cost run's search (`bwprune.cost_target`): its chosen ρ is the run's target, and
+    it is recorded whole under `cost`.
     """
     n = len(samples)
     correct = sum(1 for s in samples if s["correct"] is True)
@@ -47,7 +51,7 @@ def summarize(samples: list[dict], timings: list[dict], target_sparsity: float) 
         "unscorable_reasons": dict(
             Counter(s["score_reason"] for s in samples if s["correct"] is None)
         ),
-        "target_sparsity": target_sparsity,
+        "target_sparsity": cost["rho"] if cost else target_sparsity,
         "realized_sparsity": combine(s["sparsity"] for s in samples),
         "mean_new_tokens": sum(s["new_tokens"] for s in samples) / n if n else 0.0,
         "decode_tokens_per_s": sum(t["decode_tokens"] for t in timings) / decode_s
@@ -57,6 +61,7 @@ def summarize(samples: list[dict], timings: list[dict], target_sparsity: float) 
         "prefill_s": sum(t["prefill_s"] for t in timings),
         "decode_s": decode_s,
         "quality": combine_quality([s.get("quality") for s in samples]),
+        **({"cost": cost} if cost else {}),
     }
 
 
