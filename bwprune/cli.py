@@ -62,6 +62,11 @@ def interrupted(cfg: DictConfig) -> str:
     recorder = RunRecorder(cfg.paths.runs_dir, run_key(cfg))
     batches = recorder.timings()  # the committed batches: what a resumed run keeps
     if not batches:
+        if recorder.cost_search() is not None:
+            return (
+                f"interrupted before any batch was recorded; the cost search is kept in "
+                f"{recorder.cost_path}; run the same command again to resume from there"
+            )
         return "interrupted before any batch was recorded; nothing was kept"
     samples = sum(len(t["indices"]) for t in batches)
     return (

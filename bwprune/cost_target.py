@@ -39,11 +39,9 @@ from bwprune.shards import shard_batches
 
 log = logging.getLogger(__name__)
 
-# Ledger quantities a run can target (`bwprune.engine.realized.combine` keys), in words.
-QUANTITIES = {
-    "params": "parameters skipped per decode token (c)",
-    "ffn": "FFN neurons skipped per decode token (a)",
-}
+# Ledger quantities a run can target (`bwprune.engine.realized.combine` keys): parameters skipped
+# per decode token (c), FFN neurons skipped per decode token (a).
+QUANTITIES = ("params", "ffn")
 RHO_DIGITS = 4  # trial ρ rounded: the recorded ρ is the one the method ran with
 
 
@@ -124,7 +122,7 @@ class CostTarget:
             return None
         _check_ranges(cost, cfg.batch_size)
         if cost.quantity not in QUANTITIES:
-            raise choices_error("cost.quantity", cost.quantity, tuple(QUANTITIES))
+            raise choices_error("cost.quantity", cost.quantity, QUANTITIES)
         if benchmark.kind != "generate":
             raise UserError(f"cost.target={cost.target}: benchmark={benchmark.name} generates "
                             "nothing to calibrate on; cost targets apply to generation "

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bwprune import experiment
+from bwprune.cli import interrupted
 from bwprune.config import build
 from bwprune.cost_target import CostTarget, Trial, next_rho, search_rho
 from bwprune.errors import UserError
@@ -79,6 +80,7 @@ def test_a_resumed_run_reuses_its_search(cfg_factory, monkeypatch):
     recorder = RunRecorder(cfg.paths.runs_dir, run_key(cfg))
     stored = recorder.cost_search()
     assert stored is not None and not recorder.samples()
+    assert "the cost search is kept in" in interrupted(cfg)  # what Ctrl-C prints
 
     def searched_again(self, cfg):
         raise AssertionError("the stored search was repeated")
