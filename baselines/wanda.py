@@ -83,7 +83,8 @@ class Wanda(PruningMethod):
         if self.nm and sparsity > 0 and abs(sparsity - self.nm[0] / self.nm[1]) > 1e-9:
             raise UserError(
                 f"pattern={pattern!r} prunes exactly {self.nm[0]}/{self.nm[1]} of the weights; "
-                f"sparsity={sparsity} must be {self.nm[0] / self.nm[1]} (or 0 for dense)"
+                f"sparsity={sparsity} must be {self.nm[0] / self.nm[1]} (or 0 for dense); "
+                "pattern='unstructured' prunes any fraction"
             )
         if sparsity > 0 and not calibration:
             raise UserError(f"sparsity={sparsity} needs a calibration config (calibration: ...)")

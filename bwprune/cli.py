@@ -40,6 +40,13 @@ def summary(record: dict, runs_dir: str) -> str:
             f"unscorable){sparsity}  decode {m['decode_tokens_per_s']:.1f} tok/s "
             f"({m['decode_ms_per_step']:.1f} ms/step)"
         )
+    cost = m.get("cost")
+    if cost:  # a matched-cost run: what its search chose, and on what
+        line += (
+            f"\n  matched cost: ρ {cost['rho']:g} realized {cost['quantity']} "
+            f"{cost['realized']:.3f} (target {cost['target']:g} ± {cost['tolerance']:g}) on "
+            f"{len(cost['calibration']['indices'])} calibration problems"
+        )
     if m.get("speedup"):
         line += "\n" + speedup_line(m["speedup"], m.get("time_to_answer"))
     folder = f"{runs_dir}/{record['run_key']}"
@@ -72,6 +79,11 @@ def interrupted(cfg: DictConfig) -> str:
     recorder = RunRecorder(cfg.paths.runs_dir, run_key(cfg))
     batches = recorder.timings()  # the committed batches: what a resumed run keeps
     if not batches:
+        if recorder.cost_search() is not None:
+            return (
+                f"interrupted before any batch was recorded; the cost search is kept in "
+                f"{recorder.cost_path}; run the same command again to resume from there"
+            )
         return "interrupted before any batch was recorded; nothing was kept"
     samples = sum(len(t["indices"]) for t in batches)
     return (

@@ -31,18 +31,22 @@ def register_resolvers() -> None:
 
 
 # Numeric keys, checked for their type before their range: "abc" or 2.5 is a bad value, not a
-# traceback from float() or a batch size silently cut to 2. `limit` may also be null.
+# traceback from float() or a batch size silently cut to 2. `NULLABLE` keys may also be null.
 INTEGERS = ("batch_size", "seed", "limit", "shard", "num_shards", "generation.max_new_tokens",
-            "generation.num_samples", "speed.batches", "speed.repeats", "speed.warmup")  # fmt: skip
+            "generation.num_samples", "speed.batches", "speed.repeats", "speed.warmup",
+            "cost.problems", "cost.max_trials", "cost.max_new_tokens")  # fmt: skip
+NUMBERS = ("sparsity", "generation.temperature", "generation.top_p", "cost.target",
+           "cost.tolerance", "cost.max_rho")  # fmt: skip
+NULLABLE = ("limit", "cost.target")
 PAIRED = ("auto", "true", "false")  # speed.paired (YAML gives the last two as booleans)
-NUMBERS = ("sparsity", "generation.temperature", "generation.top_p")
 
 
 def validate(cfg: DictConfig) -> None:
-    """Raise `UserError` naming the first bad top-level, model or generation value."""
+    """Raise `UserError` naming the first bad top-level, model or generation value (the ranges
+    of `cost` values are `bwprune.cost_target`'s, checked when a target is set)."""
     for key in (*INTEGERS, *NUMBERS):
         value, integer = OmegaConf.select(cfg, key), key in INTEGERS
-        if not (_is_number(value, integer) or (key == "limit" and value is None)):
+        if not (_is_number(value, integer) or (key in NULLABLE and value is None)):
             raise UserError(f"{key}={value!r} must be {'an integer' if integer else 'a number'}")
     if not 0.0 <= cfg.sparsity < 1.0:
         raise UserError(f"sparsity={cfg.sparsity} is outside [0, 1)")

@@ -1,6 +1,7 @@
 """One run, end to end: compose model × method × benchmark, evaluate, record. Composes and
 dispatches only: selection is `bwprune.selection`, generation `bwprune.generation.evaluate`,
-perplexity `bwprune.perplexity`, records `bwprune.records`.
+perplexity `bwprune.perplexity`, records `bwprune.records`, the search for a matched-cost run's ρ
+`bwprune.cost_target`.
 
 It names no method and no benchmark (they are built from their config groups). It owns every
 `finally`: the tracker is closed whatever happens, and the evaluations write as they go, so an
@@ -17,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bwprune.benchmarks.base import Benchmark, Example
 from bwprune.config import build, build_method, validate
+from bwprune.cost_target import CostTarget
 from bwprune.errors import UserError
 from bwprune.generation.evaluate import generate_missing
 from bwprune.methods.base import PruningMethod
@@ -60,6 +62,7 @@ def _run_job(cfg: DictConfig) -> dict:
         partial(_generation, batches=_batches(cfg, benchmark))
     )  # fmt: skip
     method = build_method(cfg.method)  # bad method arguments fail here, before any folder
+    cost = CostTarget.from_config(cfg, benchmark)  # and bad cost settings; None: no cost target
     name = method_name(cfg)
     if cfg.generation.get("batch_invariant") and method.batch_coupled:
         raise UserError(
@@ -71,6 +74,9 @@ def _run_job(cfg: DictConfig) -> dict:
         if recorder.is_complete():
             return _stored(recorder)
         recorder.start(cfg)
+        if cost is not None:  # the method at the ρ that realizes the target (searched once)
+            cfg = cost.matched(cfg, recorder)
+            method = build_method(cfg.method)
         tracker = make_tracker(cfg, recorder.key, name)
         try:
             metrics, device, samples = evaluate(cfg, benchmark, method, recorder, tracker)
@@ -104,7 +110,7 @@ def _generation(
     device = generate_missing(cfg, benchmark, method, batches, recorder, tracker)
     samples, timings = recorder.rows()
     samples = sorted(samples, key=RunRecorder.row_key)
-    metrics = summarize(samples, timings, target_sparsity(cfg))
+    metrics = summarize(samples, timings, target_sparsity(cfg), recorder.cost_search())
     resolved = OmegaConf.to_container(cfg, resolve=True)
     waits = time_to_answer_vs_dense(recorder.dir, resolved, metrics)  # length changes included
     if waits is not None:

@@ -50,12 +50,23 @@ def prepare_model(
     method: PruningMethod,
     before_prepare: Callable[[PreparedModel], None] | None = None,
 ) -> PreparedModel:
-    """Load `cfg.model`, build the sparsity ledger on it as loaded, then run `method.prepare`.
-
-    A method that prunes statically in `prepare` thus reports what it removed relative to the
-    original model; `before_prepare` sees the original model too (dense references).
-    """
+    """Load `cfg.model`, then `prepare_loaded` on it."""
     model, tokenizer = load_model(cfg.model, cfg.paths.cache_dir)
+    return prepare_loaded(model, tokenizer, method, before_prepare)
+
+
+def prepare_loaded(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    method: PruningMethod,
+    before_prepare: Callable[[PreparedModel], None] | None = None,
+) -> PreparedModel:
+    """Build the sparsity ledger on `model` as it is, then run `method.prepare` on it.
+
+    A method that prunes statically in `prepare` edits `model` (pass a copy to keep the original)
+    and reports what it removed relative to it; `before_prepare` sees it unpruned too (dense
+    references).
+    """
     adapter = adapter_for(model)
     ledger = SparsityLedger(adapter, next(model.parameters()).device)
     prepared = PreparedModel(model, tokenizer, adapter, method, ledger)

@@ -5,6 +5,7 @@ Layout of a run folder (see README "Results"):
   samples.jsonl  one line per (example, sample), appended and flushed after every batch
   timing.jsonl   one line per generated batch (prefill/decode seconds, per-step times)
   run.json       written last: metrics + provenance; its presence marks the run complete
+  cost.json      a matched-cost run's search (`bwprune.cost_target`), written before any batch
   .lock          while a process owns the folder (`bwprune.run_lock`)
 Metrics are a pure function of samples.jsonl and timing.jsonl (`bwprune.summary`), so an
 interrupted run resumes where it stopped and a rescored run needs no model. The row schemas of
@@ -49,6 +50,9 @@ LATE_OPTIONS = {
     ("generation", "batch_invariant"): False,
     ("method", "attn_square"): False,  # trisp's FLAP-style squared attention scores
 }
+# Blocks that change nothing while their switch is null: out of a run's identity then, so adding
+# one re-keys no recorded run.
+SWITCHED_BLOCKS = {"cost": "target"}
 
 
 def method_name(cfg: DictConfig) -> str:
@@ -83,6 +87,9 @@ def _identity(resolved: dict, data_dir: str) -> dict:
     for (group, key), default in LATE_OPTIONS.items():
         if kept.get(group, {}).get(key, default) == default:
             kept[group] = {k: v for k, v in kept[group].items() if k != key}
+    for block, switch in SWITCHED_BLOCKS.items():
+        if kept.get(block, {}).get(switch) is None:
+            kept.pop(block, None)
     for group, dropped in (("method", ("name",)), ("generation", ENGINE_KEYS)):
         if group in kept:
             kept[group] = {k: v for k, v in kept[group].items() if k not in dropped}
@@ -106,12 +113,15 @@ def run_key(cfg: DictConfig) -> str:
     """`<benchmark>/<model>/<method>/rho=<ρ>_bs=<B>_seed=<s>_<hash8>`, unique per identity.
 
     ρ is the method's own `sparsity` (0 for methods without one, e.g. dense), so a dense run is the
-    same run whatever top-level `sparsity` says.
+    same run whatever top-level `sparsity` says. A matched-cost run names its target instead
+    (`params=0.3_...`): its ρ is chosen by the run.
     """
     ident = identity(cfg)
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:8]
-    rho = target_sparsity(cfg)
-    leaf = f"rho={rho:g}_bs={cfg.batch_size}_seed={cfg.seed}_{digest}"
+    cost = cfg.get("cost")
+    target = (f"{cost.quantity}={cost.target:g}" if cost is not None and cost.target is not None
+              else f"rho={target_sparsity(cfg):g}")  # fmt: skip
+    leaf = f"{target}_bs={cfg.batch_size}_seed={cfg.seed}_{digest}"
     return f"{cfg.benchmark.name}/{cfg.model.name}/{method_name(cfg)}/{leaf}"
 
 
@@ -130,6 +140,7 @@ class RunRecorder:
         self.samples_path = self.dir / "samples.jsonl"
         self.timing_path = self.dir / "timing.jsonl"
         self.run_path = self.dir / "run.json"
+        self.cost_path = self.dir / "cost.json"
 
     def is_complete(self) -> bool:
         return self.run_path.exists()
@@ -142,7 +153,7 @@ class RunRecorder:
     def owned(self) -> Iterator[None]:
         """This process's hold on the folder (`bwprune.run_lock`), waiting while another process
         holds it. A run that stops before recording anything leaves no folder behind."""
-        results = (self.samples_path, self.timing_path, self.run_path)
+        results = (self.samples_path, self.timing_path, self.run_path, self.cost_path)
         with hold(self.dir):
             try:
                 yield
@@ -165,6 +176,14 @@ class RunRecorder:
                 if path.exists():
                     _write_jsonl(path, rows)
             (self.dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+
+    def cost_search(self) -> dict | None:
+        """The run's matched-cost search (cost.json), or None: kept apart from the batches and
+        written whole, so a resumed run reuses a finished search instead of repeating it."""
+        return json.loads(self.cost_path.read_text()) if self.cost_path.exists() else None
+
+    def save_cost_search(self, search: dict) -> None:
+        self._write_whole(self.cost_path, search)
 
     def samples(self) -> list[dict]:
         return _first_of_each(_read_jsonl(self.samples_path), self.row_key)
@@ -217,11 +236,15 @@ class RunRecorder:
             "provenance": prov,
             **(extra or {}),
         }
-        tmp = self.run_path.with_suffix(".json.tmp")
-        with self._writing():
-            tmp.write_text(json.dumps(record, indent=2) + "\n")
-            tmp.replace(self.run_path)
+        self._write_whole(self.run_path, record)
         return record
+
+    def _write_whole(self, path: Path, data: dict) -> None:
+        """JSON written aside and renamed into place: whole or absent."""
+        tmp = path.with_suffix(".json.tmp")
+        with self._writing():
+            tmp.write_text(json.dumps(data, indent=2) + "\n")
+            tmp.replace(path)
 
     @contextmanager
     def _writing(self) -> Iterator[None]:

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bwprune.benchmarks.base import Benchmark
 from bwprune.config import build, build_method
+from bwprune.cost_target import with_rho
 from bwprune.errors import UserError
 from bwprune.generation.evaluate import paired_timing
 from bwprune.generation.paired import dense_twin
@@ -39,6 +40,9 @@ def remeasure(run_dir: str | Path, current: DictConfig) -> dict:
         raise UserError(f"{str(run_dir)!r} is not a complete run folder (no run.json)")
     cfg = _relocated(OmegaConf.load(run_dir / "config.yaml"), current)
     cfg.method.setdefault("name", run_dir.parent.name)  # recorded before methods carried it
+    search = recorder.cost_search()
+    if search is not None:  # a matched-cost run ran at the ρ its search chose
+        cfg = with_rho(cfg, search["rho"])
     benchmark: Benchmark = build(cfg.benchmark)
     if benchmark.kind != "generate":
         raise UserError(f"{str(run_dir)!r} is a {benchmark.kind} run: it generates nothing to time")
@@ -53,9 +57,7 @@ def remeasure(run_dir: str | Path, current: DictConfig) -> dict:
             twin.append(dense_twin(p.model))
 
     prepared = prepare_model(cfg, method, keep_dense)
-    gen = cfg.generation
-    sampling = SamplingConfig(gen.max_new_tokens, gen.do_sample, gen.temperature, gen.top_p)
-    runner = prepared.runner(sampling, cfg.seed, gen)
+    runner = prepared.runner(SamplingConfig.from_config(cfg.generation), cfg.seed, cfg.generation)
     paired = paired_timing(cfg, runner, prepared, twin[0] if twin else prepared.model)
     for timing in timings[: cfg.speed.batches]:
         keys = batch_keys(timing)

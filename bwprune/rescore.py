@@ -50,7 +50,7 @@ def resummarize(recorder: RunRecorder, cfg: DictConfig, marks: dict) -> dict:
     are kept (and run.py names it when it shows a complete run's stored numbers)."""
     samples, timings = recorder.rows()
     old = recorder.record() if recorder.is_complete() else {}
-    metrics = summarize(samples, timings, target_sparsity(cfg))
+    metrics = summarize(samples, timings, target_sparsity(cfg), recorder.cost_search())
     resolved = OmegaConf.to_container(cfg, resolve=True)
     waits = time_to_answer_vs_dense(recorder.dir, resolved, metrics)
     if waits is not None:

@@ -28,13 +28,17 @@ def pass_at_1(samples: list[dict]) -> float:
     return sum(sum(c) / len(c) for c in per_problem.values()) / len(per_problem)
 
 
-def summarize(samples: list[dict], timings: list[dict], target_sparsity: float) -> dict:
+def summarize(
+    samples: list[dict], timings: list[dict], target_sparsity: float, cost: dict | None = None
+) -> dict:
     """`run.json` metrics from the per-sample and per-batch records.
 
     `n`, `correct`, `unscorable` count sample rows; `accuracy` is pass@1 over `problems`.
     Per problem: tokens generated and decode seconds (what a user waits on, with
     `decode_iterations`, the decode loop's steps, which time-to-answer compares with dense's);
-    `speedup`: the paired speedup over dense when batches were timed (`bwprune.speedup`).
+    `speedup`: the paired speedup over dense when batches were timed (`bwprune.speedup`). `cost`
+    is a matched-cost run's search (`bwprune.cost_target`): its chosen ρ is the run's target, and
+    it is recorded whole under `cost`.
     """
     n = len(samples)
     correct = sum(1 for s in samples if s["correct"] is True)
@@ -53,7 +57,7 @@ def summarize(samples: list[dict], timings: list[dict], target_sparsity: float) 
         "unscorable_reasons": dict(
             Counter(s["score_reason"] for s in samples if s["correct"] is None)
         ),
-        "target_sparsity": target_sparsity,
+        "target_sparsity": cost["rho"] if cost else target_sparsity,
         "realized_sparsity": realized,
         "mean_new_tokens": tokens / n if n else 0.0,
         "tokens_per_problem": tokens / problems if problems else 0.0,
@@ -66,6 +70,7 @@ def summarize(samples: list[dict], timings: list[dict], target_sparsity: float) 
         "prefill_s": sum(t["prefill_s"] for t in timings),
         "decode_s": decode_s,
         "quality": combine_quality([s.get("quality") for s in samples]),
+        **({"cost": cost} if cost else {}),
     }
     speedup = paired_speedup(timings, realized)
     if speedup is not None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from bwprune.errors import UserError
 from bwprune.report import figures
+from bwprune.report.pareto import METRICS as PARETO_METRICS
 from bwprune.report.tables import default_cells, default_runs, default_variants
 from bwprune.report.wandb_source import report_config, source_runs
 
@@ -31,6 +32,8 @@ def main(overrides: list[str]) -> None:
         for y in ("agreement", "kl", "accuracy"):  # the largest swept evaluation size
             made[f"collapse_{y}"] = figures.collapse(every_size, y)
         made["accuracy_vs_realized_sparsity"] = figures.accuracy_vs_realized_sparsity(cells)
+        for y in PARETO_METRICS:  # each measure against realized (c), a curve per method
+            made[f"pareto_{y}"] = figures.pareto(cells, y)
         made["drift"] = figures.drift(cells)
     for speed in sorted((results / "speed").glob("*.json")):
         made[f"speedup_{speed.stem}"] = figures.speedup_vs_batch(

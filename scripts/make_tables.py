@@ -5,7 +5,13 @@ import sys
 from pathlib import Path
 
 from bwprune.errors import UserError
-from bwprune.report.tables import all_tables, default_variants, speed_table, write_tables
+from bwprune.report.tables import (
+    all_tables,
+    default_variants,
+    pareto_table,
+    speed_table,
+    write_tables,
+)
 from bwprune.report.wandb_source import report_config, source_runs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -15,7 +21,12 @@ def main(overrides: list[str]) -> None:
     cfg = report_config(ROOT / "conf", overrides)
     try:
         runs, left_out = source_runs(cfg)
-        tables = {} if runs.empty else all_tables(runs, default_variants(ROOT / "conf", runs))
+        tables = {}
+        if not runs.empty:
+            defaults = default_variants(ROOT / "conf", runs)
+            tables = all_tables(runs, defaults)
+            # measures at common realized costs (c): conf/report/default.yaml `pareto_at`
+            tables["pareto"] = pareto_table(runs, defaults, list(cfg.report.pareto_at))
     except UserError as e:
         sys.exit(f"error: {e}")
     if left_out:

@@ -75,9 +75,7 @@ def generate_missing(
 
     prepared = prepare_model(cfg, method, before_prepare)
     model, tokenizer, adapter = prepared.model, prepared.tokenizer, prepared.adapter
-    gen = cfg.generation
-    sampling = SamplingConfig(gen.max_new_tokens, gen.do_sample, gen.temperature, gen.top_p)
-    runner = prepared.runner(sampling, cfg.seed, cfg.generation)
+    runner = prepared.runner(SamplingConfig.from_config(cfg.generation), cfg.seed, cfg.generation)
     paired = paired_timing(cfg, runner, prepared, twin[0] if twin else model) if paired_on else None
     timed = {id(b) for b in batches[: cfg.speed.batches]}  # this job's first batches
     correct = tokens = scored = 0

@@ -70,6 +70,12 @@ class SamplingConfig:
     top_p: float = 1.0
     ignore_eos: bool = False  # always generate max_new_tokens (speed runs: equal work per method)
 
+    @classmethod
+    def from_config(cls, gen: Mapping, max_new_tokens: int | None = None) -> SamplingConfig:
+        """From the run config's `generation` node; `max_new_tokens` replaces its length."""
+        length = gen.max_new_tokens if max_new_tokens is None else max_new_tokens
+        return cls(int(length), bool(gen.do_sample), float(gen.temperature), float(gen.top_p))
+
 
 @dataclass(frozen=True)
 class EngineConfig:

@@ -79,4 +79,9 @@ def compose_from_model_args(
     except HydraException as e:
         raise UserError(_one_line(str(e))) from None
     validate(cfg)
+    if cfg.cost.target is not None:  # its search generates a run.py benchmark's problems
+        raise UserError(
+            f"model_args cost.target={cfg.cost.target} is run.py's: a matched-cost run searches "
+            "ρ on a benchmark's problems; pass the ρ it chose here (sparsity=<metrics.cost.rho>)"
+        )
     return cfg

@@ -9,7 +9,9 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
-METHOD_ORDER = ("dense", "ours", "teal", "cats", "griffin", "wanda", "trisp")
+from bwprune.report import pareto as pv
+
+METHOD_ORDER = ("dense", "ours", "teal", "cats", "griffin", "wanda", "wanda_unstructured", "trisp")
 
 
 def _methods(frame: pd.DataFrame) -> list[str]:
@@ -80,6 +82,45 @@ def collapse(runs: pd.DataFrame, y: str = "agreement", rho: float = 0.5) -> Figu
 def accuracy_vs_realized_sparsity(runs: pd.DataFrame) -> Figure:
     """Accuracy against realized FFN sparsity (a): what each method pays for what it skips."""
     return metric_vs(runs, "realized_ffn", "accuracy", "realized FFN sparsity (a)", "accuracy")
+
+
+def pareto(runs: pd.DataFrame, y: str) -> Figure:
+    """`y` (a `pareto.METRICS` key) against realized cost (c): one curve per method through its
+    runs at several ρ (each point labelled with its ρ), dense as the star at (c) = 0; one panel
+    per batch size, one row of panels per benchmark, model and evaluation size."""
+    found = pv.curves(runs, y)
+    rows = sorted({key[:3] for key in found}, key=str)  # (benchmark, model, problems)
+    sizes = sorted({key[3] for key in found})  # batch sizes
+    fig = Figure(figsize=(3.6 * max(1, len(sizes)) + 1.6, 3.4 * max(1, len(rows))),
+                 layout="constrained")  # fmt: skip
+    axes = fig.subplots(max(1, len(rows)), max(1, len(sizes)), squeeze=False)
+    if not found:
+        axes[0][0].text(0.5, 0.5, f"no runs with {y} and realized (c)", ha="center", va="center")
+    colours = {m: f"C{i}" for i, m in enumerate(_methods(runs))}
+    for (bench, model, problems, size, method), curve in found.items():
+        ax = axes[rows.index((bench, model, problems))][sizes.index(size)]
+        x, values = curve[pv.X], curve[y]
+        if method == "dense":
+            ax.plot(x, values, "*", color="k", markersize=10, label="dense")
+            continue
+        ax.plot(x, values, "o-", color=colours[method], label=method)
+        for rho, px, py in zip(curve["target_sparsity"], x, values):
+            ax.annotate(f"{rho:g}", (px, py), xytext=(3, 3), textcoords="offset points",
+                        fontsize=6, color=colours[method])  # fmt: skip
+    for r, (bench, model, problems) in enumerate(rows):
+        for c, size in enumerate(sizes):
+            ax = axes[r][c]
+            if not ax.has_data():
+                ax.text(0.5, 0.5, f"no runs with {y}", ha="center", va="center")
+            ax.set(title=f"{bench}, {model}, {problems} problems, batch {size}",
+                   xlabel=pv.X_LABEL, ylabel=pv.METRICS[y])  # fmt: skip
+            ax.title.set_fontsize(9)
+            ax.grid(alpha=0.3)
+    handles = {h.get_label(): h for ax in fig.axes for h in ax.get_lines()}
+    if handles:
+        order = [m for m in _methods(runs) if m in handles]
+        fig.legend([handles[m] for m in order], order, loc="outside right upper", fontsize=8)
+    return fig
 
 
 def drift(runs: pd.DataFrame) -> Figure:

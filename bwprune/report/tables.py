@@ -15,6 +15,7 @@ decode steps, (c) all parameters skipped per token.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import pandas as pd
 
 from bwprune.report.cells import check_cells, largest_evaluations
 from bwprune.report.collect import method_variant
+from bwprune.report.pareto import CURVE, X, curves, interpolate
 from bwprune.report.speed_table import SPEED_COLUMNS, table_cells
 
 FOOTNOTE = (
@@ -112,7 +114,7 @@ def _tex(text: str) -> str:
 
 
 def _math(text: str) -> str:
-    return text.replace("ρ", "$\\rho$").replace("‖", "$\\|$")
+    return text.replace("ρ", "$\\rho$").replace("‖", "$\\|$").replace("Δ", "$\\Delta$")
 
 
 def default_variants(conf_dir: str | Path, runs: pd.DataFrame) -> dict[str, str]:
@@ -244,6 +246,38 @@ def ablation_table(runs: pd.DataFrame, defaults: dict[str, str], argument: str) 
     how = {c: "min" if c == "problems" else "mean" for c in columns}  # n stays a count
     table = sel.groupby(keys, as_index=False).agg(how).rename(columns=columns)
     return _table(f"Ablation: {argument}", table, sel)
+
+
+# Pareto table columns: load_runs column -> short label.
+PARETO_COLUMNS = {"kl": "KL", "nll_increase": "ΔNLL", "agreement": "agree", "accuracy": "acc"}
+
+
+def pareto_table(runs: pd.DataFrame, defaults: dict[str, str], at: Sequence[float]) -> Table:
+    """Each measure read off each method's curve at the common realized costs (c) `at`
+    (`bwprune.report.pareto`): methods compared at one cost, where one ρ costs each a different
+    amount. A curve that does not reach a value leaves its cell blank (never extrapolated)."""
+    sel = default_cells(runs, defaults)
+    sel = sel[(sel["method"] != "dense") & sel[X].notna()]
+    on_curves = {y: curves(sel, y) for y in PARETO_COLUMNS}
+    rows = []
+    for key, span in sel.groupby(list(CURVE))[X].agg(["min", "max"]).iterrows():
+        row = {**dict(zip(CURVE, key)), "(c) min": span["min"], "(c) max": span["max"]}
+        for y, label in PARETO_COLUMNS.items():
+            points = on_curves[y].get(key)
+            for value in at:
+                row[f"{label} @{value:g}"] = (
+                    None if points is None else interpolate(points, y, value)
+                )
+        rows.append(row)
+    frame = pd.DataFrame(rows).rename(columns={"problems": "n", "batch_size": "B"})
+    note = (
+        f"Measures at realized cost (c) = {', '.join(f'{v:g}' for v in at)}, parameters skipped "
+        "per decode token, read off each method's curve through its runs at several ρ by linear "
+        "interpolation; – where the curve does not reach the value (never extrapolated); (c) "
+        "min/max: the span of its runs. ΔNLL = NLL increase over dense. " + FOOTNOTE
+    )
+    return Table("Pareto: measures at common realized cost (c)", frame, list(sel["run_key"]),
+                 note, sample_outcomes(sel))  # fmt: skip
 
 
 ABLATIONS = ("memory", "aggregate", "select", "t_init", "t_explore", "t_prune")

@@ -65,7 +65,9 @@ class RunFolder:
         metrics = (
             recorder.record()["metrics"]
             if complete
-            else summarize(samples, recorder.timings(), target_sparsity(cfg))
+            else summarize(
+                samples, recorder.timings(), target_sparsity(cfg), recorder.cost_search()
+            )
         )
         return cls(folder, cfg, samples, metrics, complete)
 
@@ -165,7 +167,7 @@ def _header(run: RunFolder, dense: RunFolder) -> dict:
             "benchmark": cfg.benchmark.name,
             "model": cfg.model.name,
             "batch size": cfg.batch_size,
-            "target ρ": target_sparsity(cfg),
+            "target ρ": run.metrics["target_sparsity"],  # a matched-cost run's: the chosen ρ
             "seed": cfg.seed,
             "problems": len({s["index"] for s in run.samples}),
             "max new tokens": cfg.generation.max_new_tokens,

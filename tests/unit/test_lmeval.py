@@ -141,6 +141,7 @@ def test_unsupported_gen_kwargs_are_refused(lm):
         ({"limit": 4}, {}, r"^model_args limit=\.\.\. is lm-eval's to set here; use --limit$"),
         ({"batch_size": 4}, {}, r"use --batch_size$"),
         ({}, {"batch_size": "auto"}, r"^batch_size='auto' must be an integer"),
+        ({"method": "ours", "cost.target": 0.3}, {}, r"^model_args cost.target=0.3 is run.py's"),
     ],
 )
 def test_bad_model_args_are_our_errors(model_args, extra, message):

@@ -18,9 +18,11 @@ from bwprune.report.tables import (
     batch_table,
     default_runs,
     default_variants,
+    pareto_table,
     speed_table,
     write_tables,
 )
+from bwprune.report.wandb_source import report_config
 from tests.conftest import CONF_DIR, compose_cfg
 from tests.results_tree import build_results_tree
 
@@ -201,6 +203,9 @@ def test_make_tables_reads_only_the_runs_git_tracks(results, tmp_path):
 def test_committed_tables_rebuild_from_the_committed_runs():
     """results/tables/*.md are what `make tables` makes of the runs committed under results/."""
     runs, _ = report_runs(ROOT / "results" / "runs", "committed")
-    tables = all_tables(runs, default_variants(CONF_DIR, runs))
+    defaults = default_variants(CONF_DIR, runs)
+    tables = all_tables(runs, defaults)
+    at = list(report_config(CONF_DIR, []).report.pareto_at)
+    tables["pareto"] = pareto_table(runs, defaults, at)  # as scripts/make_tables.py adds it
     for stem, table in tables.items():
         assert table.markdown() == (ROOT / "results" / "tables" / f"{stem}.md").read_text(), stem

@@ -1,0 +1,43 @@
+"""The Pareto view (issue #15): fidelity and accuracy against the cost a method realized,
+parameters skipped per decode token (c), rather than against its nominal ρ.
+
+At one ρ the methods skip very different amounts (bwprune/engine/ledger.py defines (c)), so a
+method is drawn as a curve through its runs at several ρ (or matched-cost targets), and methods
+are compared where their curves reach the same (c). A curve is one setting: benchmark, model,
+evaluation size (problems), batch size and method; the seeds of one ρ are averaged into one point.
+Values at a common (c) are read off a curve by linear interpolation between its measured points
+and are missing outside them: never extrapolated. Pure pandas on `load_runs` output, no files.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+X = "realized_params"
+X_LABEL = "parameters skipped per decode token (c)"
+# The measures against (c): load_runs column -> label.
+METRICS = {
+    "kl": "KL to dense",
+    "nll_increase": "NLL increase over dense",
+    "agreement": "agreement with dense",
+    "accuracy": "accuracy",
+}
+SETTING = ("benchmark", "model", "problems", "batch_size")  # one panel (figure) or row group
+CURVE = (*SETTING, "method")
+
+
+def curves(runs: pd.DataFrame, y: str) -> dict[tuple, pd.DataFrame]:
+    """CURVE key -> its points (`target_sparsity`, X, `y`) in order of X: the seeds of a ρ
+    averaged, runs that did not measure `y` left out."""
+    measured = runs[runs[y].notna() & runs[X].notna()]
+    points = measured.groupby([*CURVE, "target_sparsity"], as_index=False)[[X, y]].mean()
+    return {key: part.sort_values(X) for key, part in points.groupby(list(CURVE))}
+
+
+def interpolate(points: pd.DataFrame, y: str, at: float) -> float | None:
+    """`y` at X = `at` on the curve through `points` (sorted by X); None outside its span."""
+    x = points[X].to_numpy()
+    if not len(x) or not x[0] <= at <= x[-1]:
+        return None
+    return float(np.interp(at, x, points[y].to_numpy()))

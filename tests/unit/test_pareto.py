@@ -1,0 +1,114 @@
+"""The Pareto view: measures against realized cost (c), read at common (c) by interpolation.
+
+Built on a synthetic results tree: run folders written by hand with chosen realized costs and
+measures (configs composed as run.py would), so every interpolated value is known exactly.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from bwprune.records import run_key
+from bwprune.report import figures
+from bwprune.report.collect import load_runs
+from bwprune.report.pareto import X_LABEL, curves, interpolate
+from bwprune.report.tables import default_variants, pareto_table
+from tests.conftest import CONF_DIR, compose_cfg
+
+DENSE_ANSWERS = ["1", "2", "3", "4"]
+# method -> [(ρ, realized (c), KL, answers equal to dense's)] at batch 1; batch 4 adds 0.02 to (c)
+CURVES = {
+    "ours": [(0.3, 0.10, 0.2, 4), (0.5, 0.20, 0.4, 3), (0.7, 0.30, 1.0, 2)],
+    "teal": [(0.3, 0.25, 0.5, 3), (0.5, 0.40, 0.9, 1)],
+    "cats": [(0.3, 0.05, 0.1, 4), (0.7, 0.15, 0.3, 2)],
+}
+
+
+def write_run(runs_dir: Path, overrides: list[str], params: float, kl: float, agree: int) -> str:
+    """A complete run folder with these realized (c), KL and answers (`agree` of them dense's)."""
+    cfg = compose_cfg(["model=tiny_llama", "limit=4", "quality.enabled=true", *overrides])
+    key = run_key(cfg)
+    folder = runs_dir / key
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    answers = DENSE_ANSWERS[:agree] + ["0"] * (len(DENSE_ANSWERS) - agree)
+    samples = [{"index": i, "sample": 0, "prediction": a} for i, a in enumerate(answers)]
+    (folder / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    correct = sum(a == "2" for a in answers)  # gold: "2" everywhere
+    metrics = {
+        "n": 4, "problems": 4, "accuracy": correct / 4, "correct": correct, "unscorable": 0,
+        "unscorable_reasons": {}, "target_sparsity": float(cfg.method.get("sparsity", 0.0)),
+        "realized_sparsity": {"params": params, "ffn": 2 * params},
+        "quality": {"kl": kl, "nll_increase": kl / 2},
+    }  # fmt: skip
+    names = {"benchmark": "gsm8k", "model": "tiny_llama", "method": str(cfg.method.name)}
+    record = {"run_key": key, "metrics": metrics, "provenance": {"device": "cpu"}, **names}
+    (folder / "run.json").write_text(json.dumps(record))
+    return key
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> pd.DataFrame:
+    root = tmp_path_factory.mktemp("pareto") / "runs"
+    for batch, shift in ((1, 0.0), (4, 0.02)):
+        write_run(root, ["method=dense", f"batch_size={batch}"], 0.0, 0.0, 4)
+        for method, points in CURVES.items():
+            for rho, params, kl, agree in points:
+                overrides = [f"method={method}", f"sparsity={rho}", f"batch_size={batch}"]
+                write_run(root, overrides, params + shift, kl, agree)
+    return load_runs(root)
+
+
+def test_a_value_is_read_off_the_curve_between_its_points_only(runs):
+    ours = curves(runs, "kl")[("gsm8k", "tiny_llama", 4, 1, "ours")]
+    assert list(ours["target_sparsity"]) == [0.3, 0.5, 0.7]
+    assert interpolate(ours, "kl", 0.15) == pytest.approx(0.3)
+    assert interpolate(ours, "kl", 0.3) == pytest.approx(1.0)  # its last point
+    assert interpolate(ours, "kl", 0.25) == pytest.approx(0.7)
+    assert interpolate(ours, "kl", 0.31) is None and interpolate(ours, "kl", 0.05) is None
+
+
+def test_the_table_compares_methods_at_one_cost_and_never_extrapolates(runs):
+    defaults = default_variants(CONF_DIR, ["cats", "dense", "ours", "teal"])
+    table = pareto_table(runs, defaults, [0.1, 0.2, 0.3])
+    frame = table.frame.set_index(["B", "method"])
+    assert "dense" not in set(table.frame["method"])  # the reference, at (c) = 0
+    assert frame.loc[(1, "ours"), "KL @0.2"] == pytest.approx(0.4)
+    assert frame.loc[(4, "ours"), "KL @0.2"] == pytest.approx(0.2 + 0.2 * 0.08 / 0.1)
+    assert frame.loc[(1, "ours"), "ΔNLL @0.3"] == pytest.approx(0.5)
+    assert frame.loc[(1, "ours"), "agree @0.3"] == pytest.approx(0.5)
+    assert frame.loc[(1, "ours"), "acc @0.1"] == pytest.approx(0.25)
+    assert frame.loc[(1, "cats"), "KL @0.1"] == pytest.approx(0.2)
+    # cats stops at (c) 0.15, teal starts at 0.25: blank there, not extrapolated
+    assert pd.isna(frame.loc[(1, "cats"), "KL @0.2"]) and pd.isna(frame.loc[(1, "teal"), "KL @0.2"])
+    assert frame.loc[(1, "teal"), "KL @0.3"] == pytest.approx(0.5 + 0.4 * 0.05 / 0.15)
+    assert list(frame.loc[(1, "teal"), ["(c) min", "(c) max"]]) == [0.25, 0.4]
+    markdown = table.markdown()
+    assert re.search(r"\|\s+–\s+\|", markdown) and "realized cost (c) = 0.1, 0.2, 0.3" in markdown
+    assert set(table.run_keys) == set(runs.loc[runs["method"] != "dense", "run_key"])
+    assert "$\\Delta$NLL @0.1" in table.latex()
+
+
+def test_the_figure_draws_a_curve_per_method_and_a_panel_per_batch_size(runs, tmp_path):
+    fig = figures.pareto(runs, "kl")
+    assert [ax.get_title() for ax in fig.axes] == [
+        "gsm8k, tiny_llama, 4 problems, batch 1", "gsm8k, tiny_llama, 4 problems, batch 4",
+    ]  # fmt: skip
+    assert {ax.get_xlabel() for ax in fig.axes} == {X_LABEL}
+    assert fig.axes[0].get_ylabel() == "KL to dense"
+    lines = {line.get_label(): line for line in fig.axes[1].get_lines()}
+    assert set(lines) == {"dense", "ours", "teal", "cats"}
+    assert list(lines["ours"].get_xdata()) == pytest.approx([0.12, 0.22, 0.32])
+    assert list(lines["dense"].get_xdata()) == [0.0]
+    rhos = sorted(t.get_text() for t in fig.axes[0].texts)  # each point labelled with its ρ
+    assert rhos == ["0.3"] * 3 + ["0.5"] * 2 + ["0.7"] * 2
+    fig.savefig(tmp_path / "pareto_kl.png")
+
+
+def test_no_runs_with_the_measure_says_so(runs):
+    fig = figures.pareto(runs.assign(kl=None), "kl")
+    assert "no runs with kl" in fig.axes[0].texts[0].get_text()
