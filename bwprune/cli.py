@@ -67,7 +67,8 @@ def speedup_line(s: dict, time_to_answer: float | None = None) -> str:
 
     waits = f"; time-to-answer {time_to_answer:.2f}x" if time_to_answer else ""
     return (
-        f"  speedup vs dense (paired, {s['batches']} batches, {s['repeats']} trials): "
+        f"  speedup vs dense (paired, {s['batches']} batch{'es' * (s['batches'] > 1)}, "
+        f"{s['repeats']} trials): "
         f"step {x(s['step'])}, end-to-end {x(s['e2e'])}; bandwidth bound "
         f"{s['bandwidth_bound']:.2f}x, schedule ideal {s['ideal']:.2f}x{waits}; timing took "
         f"{s['overhead_s']:.0f} s (+{100 * s['overhead_fraction']:.0f}% of generation)"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from bwprune.records import ENGINE_KEYS
+from bwprune.records import ENGINE_KEYS, LATE_OPTIONS
 from bwprune.speedup import time_to_answer
 
 # What must match for a dense run to be a method run's reference.
@@ -20,12 +20,16 @@ PAIRING = ("benchmark", "model", "batch_size", "seed", "limit", "subset", "gener
 
 def pairing_key(cfg: dict, benchmark: str, model: str) -> str:
     """What a method run and its dense reference share (`PAIRING`), as one comparable string.
-    The engine's settings are not compared: they never change what a run computes."""
+    The engine's settings are not compared (they never change what a run computes), nor options
+    added later while at their default (`records.LATE_OPTIONS`)."""
     picked = {k: cfg.get(k) for k in PAIRING if k not in ("benchmark", "model")}
-    if isinstance(picked["generation"], dict):
+    gen = picked["generation"]
+    if isinstance(gen, dict):  # engine keys, and late options at their default, say nothing
+        late = {k: v for (g, k), v in LATE_OPTIONS.items() if g == "generation"}
         picked["generation"] = {
-            k: v for k, v in picked["generation"].items() if k not in ENGINE_KEYS
-        }
+            k: v for k, v in gen.items()
+            if k not in ENGINE_KEYS and not (k in late and v == late[k])
+        }  # fmt: skip
     return json.dumps([benchmark, model, picked], sort_keys=True, default=str)
 
 

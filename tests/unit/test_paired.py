@@ -20,6 +20,7 @@ from bwprune.hooks import HookSet
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
+from bwprune.pairing import pairing_key
 from bwprune.remeasure import remeasure
 from bwprune.speedup import paired_speedup, schedule_ideal, time_to_answer
 from tests.conftest import CONF_DIR, chat, tiny_model
@@ -156,3 +157,13 @@ def test_bad_speed_settings_name_the_value(cfg_factory):
         run(cfg_factory(*TINY, "method=ours", "speed.paired=sometimes"))
     with pytest.raises(UserError, match=r"speed\.repeats=0"):
         run(cfg_factory(*TINY, "method=ours", "speed.repeats=0"))
+
+
+def test_a_run_pairs_with_a_dense_run_recorded_before_engine_keys_and_late_options():
+    old = {"batch_size": 4, "seed": 0, "limit": 8, "subset": None,
+           "generation": {"do_sample": False, "max_new_tokens": 16}}  # fmt: skip
+    new = {**old, "generation": {**old["generation"], "compile": "auto", "compaction": True,
+                                 "batch_invariant": False}}  # fmt: skip
+    assert pairing_key(old, "gsm8k", "m") == pairing_key(new, "gsm8k", "m")
+    invariant = {**new, "generation": {**new["generation"], "batch_invariant": True}}
+    assert pairing_key(old, "gsm8k", "m") != pairing_key(invariant, "gsm8k", "m")
