@@ -62,7 +62,9 @@ def summary(record: dict, runs_dir: str) -> str:
 def speedup_line(s: dict, time_to_answer: float | None = None) -> str:
     """The paired speedup with its spread, the bound and ideal beside it, and what timing cost."""
 
-    def x(spread: dict) -> str:
+    def x(spread: dict | None) -> str:
+        if spread is None:  # no timed trial had any of this time (rows stopped at once)
+            return "n/a"
         return f"{spread['median']:.2f}x [{spread['min']:.2f}, {spread['max']:.2f}]"
 
     waits = f"; time-to-answer {time_to_answer:.2f}x" if time_to_answer else ""

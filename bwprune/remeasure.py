@@ -20,10 +20,9 @@ from bwprune.config import build, build_method
 from bwprune.cost_target import with_rho
 from bwprune.errors import UserError
 from bwprune.generation.evaluate import paired_timing
-from bwprune.generation.paired import dense_twin
 from bwprune.generation.prompts import batch_prompts
 from bwprune.generation.runner import SamplingConfig
-from bwprune.prepared import PreparedModel, prepare_model
+from bwprune.prepared import prepare_model
 from bwprune.provenance import provenance
 from bwprune.records import RunRecorder, batch_keys
 from bwprune.rescore import resummarize
@@ -50,15 +49,9 @@ def remeasure(run_dir: str | Path, current: DictConfig) -> dict:
     examples = {e.index: e for e in benchmark.examples()}
     recorded = {RunRecorder.row_key(s): s["completion"] for s in samples}
     method = build_method(cfg.method)
-    twin: list = []
-
-    def keep_dense(p: PreparedModel) -> None:
-        if method.edits_weights:
-            twin.append(dense_twin(p.model))
-
-    prepared = prepare_model(cfg, method, keep_dense)
+    prepared = prepare_model(cfg, method)
     runner = prepared.runner(SamplingConfig.from_config(cfg.generation), cfg.seed, cfg.generation)
-    paired = paired_timing(cfg, runner, prepared, twin[0] if twin else prepared.model)
+    paired = paired_timing(cfg, runner, prepared)
     for timing in timings[: cfg.speed.batches]:
         keys = batch_keys(timing)
         batch = [(examples[i], k) for i, k in keys]

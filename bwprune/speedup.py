@@ -70,24 +70,26 @@ def paired_speedup(timings: list[dict], realized: Mapping) -> dict | None:
     }
 
 
-def _ratio(dense: list[dict], method: list[dict], *keys: str) -> dict:
-    """Spread of dense / method over paired trials, each side's time the sum of `keys`."""
-    return spread([sum(d[k] for k in keys) / sum(m[k] for k in keys)
-                   for d, m in zip(dense, method)])  # fmt: skip
+def _ratio(dense: list[dict], method: list[dict], *keys: str) -> dict | None:
+    """Spread of dense / method over paired trials, each side's time the sum of `keys`; None when
+    no trial took any (a batch whose every row stopped at its first token has no decode time)."""
+    pairs = [(sum(d[k] for k in keys), sum(m[k] for k in keys)) for d, m in zip(dense, method)]
+    ratios = [d / m for d, m in pairs if d > 0 and m > 0]
+    return spread(ratios) if ratios else None
 
 
 def time_to_answer(metrics: Mapping, dense_metrics: Mapping) -> float | None:
     """Estimated (dense run's time) / (this run's time) for the same problems, lengths included;
     None without a paired speedup, or when the runs' problem counts differ."""
     paired = metrics.get("speedup")
-    if not paired or metrics.get("n") != dense_metrics.get("n"):
+    if not paired or not paired["step"] or metrics.get("n") != dense_metrics.get("n"):
         return None
     steps, dense_steps = metrics.get("decode_iterations"), dense_metrics.get("decode_iterations")
     if not steps or not dense_steps:
         return None
     prefill, decode = metrics["prefill_s"], metrics["decode_s"]
     dense_s = (
-        prefill * paired["prefill"]["median"]
+        prefill * (paired["prefill"] or {"median": 1.0})["median"]
         + decode * paired["step"]["median"] * dense_steps / steps
     )
     return dense_s / (prefill + decode)

@@ -11,7 +11,6 @@ ratios are summarized by `bwprune.speedup`; `bwprune.speed` (`make bench`) times
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -82,7 +81,7 @@ class PairedTiming:
         settings: PairedSettings,
     ) -> None:
         """`dense_model`: the runner's own model when the method leaves the weights alone, else
-        a copy taken before `prepare` (`dense_twin`)."""
+        the model as loaded, loaded once more."""
         self.runner, self.adapter, self.settings = runner, adapter, settings
         self.dense_adapter = adapter if dense_model is runner.model else adapter_for(dense_model)
         self.dense = BatchedRunner(
@@ -110,9 +109,3 @@ class PairedTiming:
 def _trial(runner, adapter, ids, attn, forced) -> dict:
     _, timing = timed_generation(runner, adapter, ids, attn, forced)
     return {"prefill_s": timing.prefill_s, "decode_s": timing.decode_s}
-
-
-def dense_twin(model: nn.Module) -> nn.Module:
-    """A copy of the model as loaded, for a method that edits the weights in `prepare` (it costs
-    the model's memory once more; methods that only attach hooks time against the model itself)."""
-    return copy.deepcopy(model)

@@ -58,7 +58,7 @@ class PruningMethod:
     (a batch-shared mask); uncoupled methods must give each row the output it gets alone (the
     contract suite, tests/contract/, holds every method to what it declares here).
     `edits_weights` is True when `prepare` changes the model's weights or shapes (static pruning):
-    the model as loaded is then gone, and timing it against dense needs a copy taken before.
+    the model as loaded is then gone, and timing it against dense needs the model loaded again.
     """
 
     batch_coupled: bool = False

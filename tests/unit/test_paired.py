@@ -167,3 +167,9 @@ def test_a_run_pairs_with_a_dense_run_recorded_before_engine_keys_and_late_optio
     assert pairing_key(old, "gsm8k", "m") == pairing_key(new, "gsm8k", "m")
     invariant = {**new, "generation": {**new["generation"], "batch_invariant": True}}
     assert pairing_key(old, "gsm8k", "m") != pairing_key(invariant, "gsm8k", "m")
+
+
+def test_a_batch_that_stopped_at_once_has_no_per_step_ratio():
+    s = paired_speedup([_timing([0.0], [0.0])], {"params": 0.0, "sparse_step_fraction": 0.0})
+    assert s["step"] is None and s["e2e"]["median"] == pytest.approx(1.0)
+    assert time_to_answer({"n": 1, "speedup": s}, {"n": 1}) is None
