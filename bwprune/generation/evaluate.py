@@ -71,8 +71,9 @@ def generate_missing(
     )
     model, tokenizer, adapter = prepared.model, prepared.tokenizer, prepared.adapter
     runner = prepared.runner(SamplingConfig.from_config(cfg.generation), cfg.seed, cfg.generation)
-    paired = paired_timing(cfg, runner, prepared) if paired_enabled(cfg) else None
     timed = {id(b) for b in batches[: cfg.speed.batches]}  # this job's first batches
+    to_time = paired_enabled(cfg) and any(id(b) in timed for b in todo)  # a resumed run: maybe none
+    paired = paired_timing(cfg, runner, prepared) if to_time else None
     correct = tokens = scored = 0
     decode_s = 0.0
     bar = tqdm(todo, desc=recorder.key, unit="batch", disable=not cfg.progress)
