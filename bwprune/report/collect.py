@@ -99,6 +99,7 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
                 "batch_size": cfg["batch_size"],
                 "seed": cfg["seed"],
                 "limit": cfg.get("limit"),
+                "max_new_tokens": (cfg.get("generation") or {}).get("max_new_tokens"),
                 "n": m.get("n"),
                 "problems": m.get("problems", m.get("n")),
                 "accuracy": m.get("accuracy"),

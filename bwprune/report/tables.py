@@ -211,21 +211,26 @@ def batch_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
     """Accuracy, agreement, KL to dense and realized FFN sparsity (a) vs batch size: the
     collapse of batch-shared masks, and the drift of thresholded methods' realized sparsity.
 
-    One row per evaluation size (n problems), so a row never mixes batch sizes measured on
-    different problems; takes all runs, not one per cell."""
+    One row per evaluation (n problems, at most `tokens` new tokens each), so a row never mixes
+    batch sizes measured on different problems or lengths; takes all runs, not one per cell."""
     used = _at_target(_defaults_only(runs, defaults))
-    sel = used.drop(columns="n").rename(columns={"problems": "n"})
+    sel = _evaluations(used)
     values = {"accuracy": "acc", "agreement": "agree", "kl": "KL", "realized_ffn": "(a)"}
-    table = _wide(sel, ["benchmark", "model", "method", "n"], "batch_size", values)
+    table = _wide(sel, ["benchmark", "model", "method", "n", "tokens"], "batch_size", values)
     return _table("Batch size (target ρ = 0.5)", table, used)
 
 
+def _evaluations(runs: pd.DataFrame) -> pd.DataFrame:
+    """`runs` with the evaluation as columns: `n` problems, `tokens` new tokens at most."""
+    return runs.drop(columns="n").rename(columns={"problems": "n", "max_new_tokens": "tokens"})
+
+
 def sparsity_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int = 4) -> Table:
-    """Accuracy and realized FFN sparsity (a) vs target sparsity."""
+    """Accuracy and realized FFN sparsity (a) vs target sparsity, one row per evaluation."""
     sel = _defaults_only(runs, defaults)
-    sel = sel[(sel["batch_size"] == batch_size) & (sel["method"] != "dense")]
+    sel = _evaluations(sel[(sel["batch_size"] == batch_size) & (sel["method"] != "dense")])
     values = {"accuracy": "acc", "realized_ffn": "(a)"}
-    table = _wide(sel, ["benchmark", "model", "method"], "target_sparsity", values)
+    table = _wide(sel, ["benchmark", "model", "method", "n", "tokens"], "target_sparsity", values)
     return _table(f"Target sparsity (batch {batch_size})", table, sel)
 
 
