@@ -173,3 +173,19 @@ def test_a_batch_that_stopped_at_once_has_no_per_step_ratio():
     s = paired_speedup([_timing([0.0], [0.0])], {"params": 0.0, "sparse_step_fraction": 0.0})
     assert s["step"] is None and s["e2e"]["median"] == pytest.approx(1.0)
     assert time_to_answer({"n": 1, "speedup": s}, {"n": 1}) is None
+
+
+def test_wandb_summary_and_live_curves_carry_the_speedup():
+    from bwprune.tracking import running_metrics, summary_metrics
+
+    row = {**_timing([1.0, 1.0], [1.2, 1.3]), "indices": [0], "samples": [0], "decode_tokens": 8}
+    sample = {"index": 0, "correct": False, "score_reason": "wrong", "new_tokens": 8,
+              "sparsity": {"ffn": 0.3, "ffn_sparse_steps": 0.5, "params": 0.2, "decode_steps": 8,
+                           "sparse_steps": 4, "per_layer": [0.3]}}  # fmt: skip
+    live = running_metrics([sample], [row], 0.5, "gsm8k")
+    assert live["speed/speedup_step_median"] == pytest.approx(1.25)
+    record = {"benchmark": "gsm8k", "metrics": {"speedup": paired_speedup([row], {}),
+                                                "time_to_answer": 1.1}}  # fmt: skip
+    out = summary_metrics(record)
+    assert out["speed/speedup_e2e_min"] < out["speed/speedup_step_max"] == pytest.approx(1.3)
+    assert out["speed/time_to_answer"] == 1.1
