@@ -23,10 +23,11 @@ Prefill: the accuracy path thresholds only the last ⌊S/2⌋ prompt tokens (`ap
 the setting of the paper's evals; its speed path keeps prefill dense): `prefill_fraction` 0.5,
 applied to each row's own prompt length so rows stay independent under left padding.
 
-Deviations: (1) calibration text is WikiText-2 `valid.txt` (C4 in paper A; TEAL used Alpaca,
-10 × 2048 tokens), sized by `conf/calibration`; (2) the channels are masked, not skipped: PyTorch
-has no fused gather-GEMV, and gathering the kept weight columns each step moves more bytes than
-the dense product (read + write + read of the kept part), so slicing saves no work here. The
+Deviations: (1) calibration text is WikiText-2 `valid.txt` (TEAL used Alpaca, 10 × 2048 tokens;
+paper A's text names none, a third-party note says C4), sized by `conf/calibration`; (2) the
+channels are masked, not skipped: PyTorch has no fused gather-GEMV, and gathering the kept
+weight columns each step moves more bytes than the dense product (read + write + read of the kept
+part), so slicing saves no work here. The
 ledger counts what TEAL's kernel would skip: per row, Σ over projections of dropped input channels
 × out_features (`params`), and for the FFN the same over gate/up/down as a fraction of its weights.
 """
