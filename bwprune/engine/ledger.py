@@ -92,6 +92,13 @@ class SparsityLedger:
         self.totals = self.totals[index]
         self.row_ids = [self.row_ids[b] for b in index.tolist()]
 
+    def take(self, slots: torch.Tensor) -> list[dict]:
+        """Summaries of the current rows `slots` (continuous batching: they have finished), whose
+        totals then restart from zero for the rows that will take those slots."""
+        taken = self.totals[slots].cpu().tolist()
+        self.totals[slots] = 0
+        return [_summary(t) for t in taken]
+
     def rows(self) -> list[dict]:
         """Per-row summary of every row the batch started with (one host transfer)."""
         by_row = dict(zip(self.row_ids, self.totals))

@@ -7,6 +7,9 @@ tokens, finished rows), calls the method's hooks in order and records measured f
 
 Rows have a lifecycle: `start(B)` makes B rows enter; `keep_rows(index)` makes the others leave
 (live-row compaction: the method gathers its per-row state, the ledger keeps the leavers' totals).
+Under continuous batching rows also pass through slots: `leave(slots)` hands back the finished
+rows' sparsity and frees their slots, `enter(slots, ...)` fills them and runs the newcomers'
+prompt forward.
 The driver knows no method and runs no model: callers pass the forward as a function.
 """
 
@@ -39,6 +42,20 @@ class MethodDriver:
         """Only the current rows `index` (1-D, ascending) go on; the others have left for good."""
         self.method.keep_rows(index)
         self.ledger.keep_rows(index)
+
+    def leave(self, slots: torch.Tensor) -> list[dict]:
+        """The rows in `slots` have finished: their ledger summaries (in `slots` order); the
+        slots are empty until `enter`."""
+        self.method.rows_left(slots)
+        return self.ledger.take(slots)
+
+    def enter(self, slots: torch.Tensor, valid: torch.Tensor, forward: Callable[[], T]) -> T:
+        """New rows take the empty `slots`; `forward` is their prompts' prefill, (len(slots), T)
+        `valid` tokens, the other rows untouched; not measured, as every prefill."""
+        self.method.rows_entered(slots)
+        finished = torch.zeros(len(slots), dtype=torch.bool, device=valid.device)
+        ctx = StepContext(Phase.PREFILL, 0, valid, finished, rows=slots)
+        return self._run(ctx, forward, counted=None)
 
     def prefill(self, valid: torch.Tensor, forward: Callable[[], T]) -> T:
         """A prompt forward over (B, T) `valid` tokens; not measured (ledger definition)."""

@@ -4,7 +4,13 @@ Only `bwprune.engine.protocol.MethodDriver` calls this interface; it calls `prep
 every batch `begin_batch`, then `begin_step` / `end_step` around every forward, with `keep_rows`
 when rows leave the batch early. `attach` is entered around generation by whoever owns the model.
 A method keeps its own state (scores, masks, schedule); state with a row dimension must follow
-`keep_rows`. It touches the model only through the `HookSet` it returns from `attach`, so
+`keep_rows`.
+
+Under continuous batching (`generation.batching=continuous`) a batch is a set of slots that rows
+pass through: `rows_left(slots)` when rows finish and free their slots, then `rows_entered(slots)`
+when new rows take them, followed by one PREFILL forward over the entering rows alone
+(`StepContext.rows` names their slots). Decode steps always cover every slot; the step index
+counts decode steps since `begin_batch`, so it is the stream's clock, not a row's. It touches the model only through the `HookSet` it returns from `attach`, so
 detaching always restores the model.
 
 Call order inside a method family is fixed by the family's base class, not by convention: a base
@@ -45,6 +51,7 @@ class StepContext:
     step: int  # decode step index within the batch, 0-based; 0 during prefill
     valid: torch.Tensor  # (B, T) bool
     finished: torch.Tensor  # (B,) bool: rows that have stopped before this forward
+    rows: torch.Tensor | None = None  # (k,) slots of an entering prefill; None: every row
 
     @property
     def batch_size(self) -> int:
@@ -95,6 +102,15 @@ class PruningMethod:
 
         A method whose state has a row dimension gathers it here; shared state stays as it is.
         """
+
+    def rows_left(self, slots: torch.Tensor) -> None:
+        """Continuous batching: the rows in `slots` (1-D) have finished; the slots stay in the
+        batch, empty (finished in every StepContext), until `rows_entered` fills them."""
+
+    def rows_entered(self, slots: torch.Tensor) -> None:
+        """Continuous batching: new rows take `slots` (1-D) of the running batch. A method with
+        per-row state starts those rows afresh; the PREFILL forward of their prompts follows,
+        with `StepContext.rows = slots` and `valid` of shape (len(slots), T)."""
 
     def begin_step(self, ctx: StepContext) -> None:
         """Called before every forward (prefill and each decode step)."""
