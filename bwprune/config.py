@@ -39,6 +39,7 @@ NUMBERS = ("sparsity", "generation.temperature", "generation.top_p", "cost.targe
            "cost.tolerance", "cost.max_rho")  # fmt: skip
 NULLABLE = ("limit", "cost.target")
 PAIRED = ("auto", "true", "false")  # speed.paired (YAML gives the last two as booleans)
+BATCHING = ("static", "continuous")  # generation.batching
 
 
 def validate(cfg: DictConfig) -> None:
@@ -64,9 +65,21 @@ def validate(cfg: DictConfig) -> None:
             f"generation.temperature={gen.temperature} must be > 0 and "
             f"generation.top_p={gen.top_p} in (0, 1] when do_sample=true"
         )
+    if gen.batching not in BATCHING:
+        raise choices_error("generation.batching", gen.batching, BATCHING)
+    if gen.batching == "continuous" and gen.kv_cache != "static":
+        raise UserError(
+            f"generation.batching=continuous needs generation.kv_cache=static (got "
+            f"{gen.kv_cache!r}): its slots are rows of one preallocated cache"
+        )
     speed = cfg.speed
     if str(speed.paired).lower() not in PAIRED:
         raise choices_error("speed.paired", speed.paired, PAIRED)
+    if str(speed.paired).lower() == "true" and gen.batching == "continuous":
+        raise UserError(
+            "speed.paired=true times a static batch again against dense; a continuous run has "
+            "none: time streams with `make bench` (speed.paired=auto skips it)"
+        )
     if speed.batches < 0 or speed.repeats < 1 or speed.warmup < 0:
         raise UserError(
             f"speed.batches={speed.batches} and speed.warmup={speed.warmup} must be >= 0, "

@@ -21,14 +21,15 @@ PAIRING = ("benchmark", "model", "batch_size", "seed", "limit", "subset", "gener
 def pairing_key(cfg: dict, benchmark: str, model: str) -> str:
     """What a method run and its dense reference share (`PAIRING`), as one comparable string.
     The engine's settings are not compared (they never change what a run computes), nor options
-    added later while at their default (`records.LATE_OPTIONS`)."""
+    added later while at their default (`records.LATE_OPTIONS`), nor `batching`: dense rows do
+    not see each other, so a static dense run is every schedule's reference (tested)."""
     picked = {k: cfg.get(k) for k in PAIRING if k not in ("benchmark", "model")}
     gen = picked["generation"]
     if isinstance(gen, dict):  # engine keys, and late options at their default, say nothing
         late = {k: v for (g, k), v in LATE_OPTIONS.items() if g == "generation"}
         picked["generation"] = {
             k: v for k, v in gen.items()
-            if k not in ENGINE_KEYS and not (k in late and v == late[k])
+            if k not in (*ENGINE_KEYS, "batching") and not (k in late and v == late[k])
         }  # fmt: skip
     return json.dumps([benchmark, model, picked], sort_keys=True, default=str)
 

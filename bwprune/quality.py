@@ -23,6 +23,7 @@ from tqdm import tqdm
 from bwprune.benchmarks.base import Example
 from bwprune.generation.prompts import batch_prompts
 from bwprune.generation.runner import BatchedRunner, Forcing, SamplingConfig
+from bwprune.generation.stream import StreamRunner
 from bwprune.methods.base import PruningMethod
 from bwprune.prepared import PreparedModel
 
@@ -35,6 +36,13 @@ class DenseReference:
     top_logp: torch.Tensor  # (B, N, K)
     top_index: torch.Tensor  # (B, N, K)
     nll: torch.Tensor  # (B,) summed NLL of the reference tokens under the dense model
+
+    def row(self, b: int) -> DenseReference:
+        """Row `b` alone, cut to its own length (continuous batching streams rows one by one)."""
+        n = int(self.forcing.lengths[b])
+        f = Forcing(self.forcing.tokens[b : b + 1, :n], self.forcing.lengths[b : b + 1])
+        return DenseReference(f, self.top_logp[b : b + 1, :n], self.top_index[b : b + 1, :n],
+                              self.nll[b : b + 1])  # fmt: skip
 
     def to(self, device: torch.device) -> DenseReference:
         f = Forcing(self.forcing.tokens.to(device), self.forcing.lengths.to(device))
@@ -96,6 +104,26 @@ def binned_kl(p_top_logp: torch.Tensor, top_index: torch.Tensor, q_logp: torch.T
     return top + torch.where(p_rest > 1e-9, rest, torch.zeros_like(rest))
 
 
+def _step_scores(logits: torch.Tensor, target: torch.Tensor, top_logp, top_index, valid):
+    """(n, V) logits against the reference's token and dense top-k at one position each ->
+    (n,) KL(dense ‖ method) and NLL of the reference token, zero where not `valid`."""
+    logp = logits.float().log_softmax(-1)
+    valid = valid.to(torch.float64)
+    nll = -logp.gather(-1, target[:, None]).squeeze(-1).double() * valid
+    return binned_kl(top_logp, top_index, logp).double() * valid, nll
+
+
+def _quality_rows(n: torch.Tensor, nll_dense: torch.Tensor, nll, kl) -> list[dict]:
+    """Per row: reference length and mean NLL (dense, method), its increase and mean KL."""
+    n = n.double()
+    rows = zip(n.tolist(), (nll_dense.double() / n).tolist(), (nll / n).tolist(),
+               (kl / n).tolist())  # fmt: skip
+    return [
+        {"tokens": int(t), "nll_dense": a, "nll": b, "nll_increase": b - a, "kl": k}
+        for t, a, b, k in rows
+    ]
+
+
 def forced_quality(
     runner: BatchedRunner,
     ids: torch.Tensor,
@@ -113,25 +141,55 @@ def forced_quality(
     steps: list[tuple[torch.Tensor, torch.Tensor]] = []  # (B,) KL and NLL per position
 
     def observe(i: int, logits: torch.Tensor) -> None:
-        logp = logits.float().log_softmax(-1)  # (B, V)
-        valid = (i < ref.forcing.lengths).to(torch.float64)
-        target = ref.forcing.tokens[:, i : i + 1]
-        step_nll = -logp.gather(-1, target).squeeze(-1).double() * valid
-        step_kl = binned_kl(ref.top_logp[:, i], ref.top_index[:, i], logp).double() * valid
+        valid = i < ref.forcing.lengths
+        target = ref.forcing.tokens[:, i]
+        step_kl, step_nll = _step_scores(
+            logits, target, ref.top_logp[:, i], ref.top_index[:, i], valid
+        )
         nll.add_(step_nll)
         kl.add_(step_kl)
         if traces:
             steps.append((step_kl, step_nll))
 
     runner.generate_tokens(ids, attn, forced=ref.forcing, observe=observe)
-    n = ref.forcing.lengths.double()
-    rows = zip(n.tolist(), (ref.nll.double() / n).tolist(), (nll / n).tolist(), (kl / n).tolist())
-    out = [
-        {"tokens": int(t), "nll_dense": a, "nll": b, "nll_increase": b - a, "kl": k}
-        for t, a, b, k in rows
-    ]
+    out = _quality_rows(ref.forcing.lengths, ref.nll, nll, kl)
     if traces:
         _add_traces(out, steps)
+    return out
+
+
+def stream_quality(
+    stream: StreamRunner, prompts: list[torch.Tensor], refs: list[DenseReference], traces: bool
+) -> list[dict]:
+    """`forced_quality` of work streamed through continuously refilled slots
+    (`generation.batching=continuous`): each prompt's reference (a one-row `DenseReference`)
+    is fed through the stream, so the method prunes as it does while generating that stream."""
+    device = stream.runner.device
+    lengths = torch.tensor([int(r.forcing.lengths[0]) for r in refs], device=device)
+    n, k = int(lengths.max()), refs[0].top_logp.shape[-1]
+    tokens = torch.zeros(len(refs), n, dtype=torch.long, device=device)
+    top_logp = torch.zeros(len(refs), n, k, device=device)
+    top_index = torch.zeros(len(refs), n, k, dtype=torch.long, device=device)
+    for i, r in enumerate(refs):
+        m = int(lengths[i])
+        tokens[i, :m] = r.forcing.tokens[0, :m]
+        top_logp[i, :m], top_index[i, :m] = r.top_logp[0, :m], r.top_index[0, :m]
+    kl = torch.zeros(len(refs), n, dtype=torch.float64, device=device)  # per item and position
+    nll = torch.zeros_like(kl)
+
+    def observe(items: torch.Tensor, index: torch.Tensor, logits: torch.Tensor) -> None:
+        at = index.clamp(max=n - 1)
+        step_kl, step_nll = _step_scores(logits, tokens[items, at], top_logp[items, at],
+                                         top_index[items, at], index < lengths[items])  # fmt: skip
+        kl[items, at] += step_kl
+        nll[items, at] += step_nll
+
+    forced = [tokens[i, : int(lengths[i])] for i in range(len(refs))]
+    stream.run(prompts, lambda *_: None, forced=forced, observe=observe)
+    nll_dense = torch.cat([r.nll for r in refs]).to(device)
+    out = _quality_rows(lengths, nll_dense, nll.sum(1), kl.sum(1))
+    if traces:
+        _add_traces(out, list(zip(kl.unbind(1), nll.unbind(1))))
     return out
 
 

@@ -48,6 +48,7 @@ ENGINE_KEYS = ("kv_cache", "compile", "compile_backend", "compaction")
 LATE_OPTIONS = {
     ("quality", "traces"): False,
     ("generation", "batch_invariant"): False,
+    ("generation", "batching"): "static",
     ("method", "attn_square"): False,  # trisp's FLAP-style squared attention scores
 }
 # Blocks that change nothing while their switch is null: out of a run's identity then, so adding

@@ -7,8 +7,14 @@ caches are pooled by shape, so batches of the same size reuse one cache (and one
 whatever their prompt lengths. The attention mask is a fixed (rows, length) buffer filled as
 tokens are written. `dynamic` is HF's `DynamicCache` (grows by concatenation): the reference.
 
-Rows leave by `select`: live rows are copied into the pooled cache of the smaller shape (see
+Rows leave by `copy_rows`: live rows are copied into the pooled cache of the smaller shape (see
 `bwprune.engine.rows`), so compaction also allocates nothing once every shape has been seen.
+
+Continuous batching (`bwprune.generation.stream`) keeps one write column for all rows, as HF's
+static cache does, and gives each row its own span of columns: a row entering a slot has its
+prompt's keys/values `place`d just before the write column (its own positions are in the keys
+already: RoPE is applied before caching), and when the write column reaches the end, `rebase`
+moves every column left past the ones no live row uses any more.
 """
 
 from __future__ import annotations
@@ -86,6 +92,34 @@ class SlotCache:
             dst.keys.copy_(layer.keys[rows])
             dst.values.copy_(layer.values[rows])
             dst.cumulative_length.copy_(layer.cumulative_length)
+
+    def place(self, slots: torch.Tensor, source: SlotCache) -> None:
+        """Rows entering `slots` (continuous batching): `source` holds just their prompts,
+        `source.used` columns wide, left-padded; they take this cache's last `source.used`
+        columns before the write position, and nothing else of those slots stays visible."""
+        width = source.used
+        if self.kind != "static" or width > self.used:
+            raise ValueError(f"{width} columns do not fit before column {self.used} ({self.kind})")
+        columns = slice(self.used - width, self.used)
+        self.mask[slots] = 0
+        self.mask[slots, columns] = source.mask[:, :width]
+        for dst, src in zip(self.cache.layers, source.cache.layers):
+            dst.keys[slots, :, columns] = src.keys[:, :, :width]
+            dst.values[slots, :, columns] = src.values[:, :, :width]
+
+    def rebase(self, shift: int) -> None:
+        """Move every column `shift` to the left, the first `shift` dropped (no live row uses
+        them): the write position goes back by `shift`. One copy of the cache, made once in many
+        steps (`bwprune.generation.stream` sizes the cache so), which is what one attention step
+        reads anyway."""
+        n = self.used - shift
+        self.mask[:, :n] = self.mask[:, shift : self.used].clone()
+        self.mask[:, n:] = 0
+        for layer in self.cache.layers:
+            layer.keys[:, :, :n] = layer.keys[:, :, shift : self.used].clone()
+            layer.values[:, :, :n] = layer.values[:, :, shift : self.used].clone()
+            layer.cumulative_length.sub_(shift)
+        self.used = n
 
     def data_ptrs(self) -> list[int]:
         """Addresses of the static key/value tensors (tests: nothing is reallocated)."""

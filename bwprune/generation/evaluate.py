@@ -1,8 +1,11 @@
-"""A benchmark's batches through the runner: generate, score, record — one batch at a time.
+"""A benchmark's work through the runner: generate, score, record — as soon as it finishes.
 
-Samples are on disk after every batch (with their batch's timing), so an interrupted run loses at
-most the batch in flight; a resumed run regenerates exactly the batches with a missing pair, cut
-as in the first attempt, because a batch-shared mask depends on who else is in the batch.
+Static batches (`generation.batching=static`): samples are on disk after every batch (with their
+batch's timing), so an interrupted run loses at most the batch in flight; a resumed run
+regenerates exactly the batches with a missing pair, cut as in the first attempt, because a
+batch-shared mask depends on who else is in the batch. Continuous batching: every sample is on
+disk when it finishes, with a timing line for the time since the previous one; a resumed run
+streams the missing pairs anew (a stream has no batches to cut again).
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ from tqdm import tqdm
 from bwprune.benchmarks.base import Benchmark, Example
 from bwprune.generation.paired import PairedSettings, PairedTiming
 from bwprune.generation.prompts import batch_prompts
-from bwprune.generation.runner import BatchedRunner, SamplingConfig
+from bwprune.generation.runner import BatchedRunner, BatchTiming, SamplingConfig
+from bwprune.generation.stream import StreamRunner
 from bwprune.methods.base import PruningMethod
 from bwprune.models.loading import load_model
 from bwprune.prepared import PreparedModel, prepare_model
-from bwprune.quality import DenseReference, dense_references, forced_quality
+from bwprune.quality import DenseReference, dense_references, forced_quality, stream_quality
 from bwprune.records import RunRecorder, sample_row, target_sparsity, timing_row
 from bwprune.scoring.common import prompt_opens_think
 from bwprune.tracking import Tracker
@@ -58,7 +62,8 @@ def generate_missing(
     recorder: RunRecorder,
     tracker: Tracker,
 ) -> str:
-    """Generate every batch that has a (problem, sample) not yet on disk; returns the device."""
+    """Generate every batch that has a (problem, sample) not yet on disk; returns the device.
+    Under `generation.batching=continuous` the missing pairs stream through the slots instead."""
     done = recorder.done_keys()
     todo = [b for b in batches if any((e.index, k) not in done for e, k in b)]
     if not todo:
@@ -69,14 +74,54 @@ def generate_missing(
     prepared = prepare_model(
         cfg, method, lambda p: references.extend(dense_references(cfg, p, todo))
     )
-    model, tokenizer, adapter = prepared.model, prepared.tokenizer, prepared.adapter
     runner = prepared.runner(SamplingConfig.from_config(cfg.generation), cfg.seed, cfg.generation)
+    record = Recording(benchmark, recorder, tracker, done)
+    if cfg.generation.batching == "continuous":
+        _stream(cfg, prepared, runner, todo, references, record)
+    else:
+        _static(cfg, prepared, runner, batches, todo, references, record)
+    return str(runner.device)
+
+
+class Recording:
+    """Scores finished work and writes it at once (with its timing line), so an interrupted run
+    loses only work in flight; the bar shows accuracy and decode tokens/s so far."""
+
+    def __init__(self, benchmark: Benchmark, recorder: RunRecorder, tracker: Tracker, done: set):
+        self.benchmark, self.recorder, self.tracker, self.done = benchmark, recorder, tracker, done
+        self.correct = self.scored = self.tokens = 0
+        self.decode_s = 0.0
+
+    def __call__(self, work, prompts, completions, quality, timing: BatchTiming, bar: tqdm,
+                 paired: dict | None = None) -> None:  # fmt: skip
+        rows = []
+        for (e, k), prompt, c, q in zip(work, prompts, completions, quality):
+            if (e.index, k) not in self.done:
+                think_open = prompt_opens_think(prompt)
+                score = self.benchmark.score(c.text, e.gold, c.finish_reason, think_open)
+                rows.append(sample_row(e, k, c, score, think_open, q))
+        batch_timing = timing_row(work, timing)
+        if paired is not None:
+            batch_timing["paired"] = paired
+        self.recorder.append(rows, batch_timing)
+        self.tracker.log_batch(rows, batch_timing)
+        self.scored += len(rows)
+        self.correct += sum(r["correct"] is True for r in rows)
+        self.tokens += timing.decode_tokens
+        self.decode_s += timing.decode_s
+        bar.set_postfix(acc=f"{self.correct / max(self.scored, 1):.3f}",
+                        tok_s=f"{self.tokens / max(self.decode_s, 1e-9):.1f}")  # fmt: skip
+
+
+def _static(cfg, prepared: PreparedModel, runner: BatchedRunner, batches, todo, references,
+            record: Recording) -> None:  # fmt: skip
+    """Static batches, one at a time: generate, teacher-force the dense reference, record."""
+    model, tokenizer, adapter, method = (prepared.model, prepared.tokenizer, prepared.adapter,
+                                         prepared.method)  # fmt: skip
     timed = {id(b) for b in batches[: cfg.speed.batches]}  # this job's first batches
     to_time = paired_enabled(cfg) and any(id(b) in timed for b in todo)  # a resumed run: maybe none
     paired = paired_timing(cfg, runner, prepared) if to_time else None
-    correct = tokens = scored = 0
-    decode_s = 0.0
-    bar = tqdm(todo, desc=recorder.key, unit="batch", disable=not cfg.progress)
+    bar = tqdm(todo, desc=record.recorder.key, unit="batch", disable=not cfg.progress)
     inside = BatchProgress(bar)
     for number, batch in enumerate(bar):
         prompts = batch_prompts(tokenizer, cfg.model, batch)
@@ -89,30 +134,51 @@ def generate_missing(
                 if references
                 else [None] * len(batch)
             )
-        rows = []
-        for (e, k), prompt, c, q in zip(batch, prompts, completions, quality):
-            if (e.index, k) not in done:
-                think_open = prompt_opens_think(prompt)
-                score = benchmark.score(c.text, e.gold, c.finish_reason, think_open)
-                rows.append(sample_row(e, k, c, score, think_open, q))
-        batch_timing = timing_row(batch, timing)
+        measured = None
         if paired is not None and id(batch) in timed:
             bar.set_postfix_str("timing dense vs method on this batch")
-            batch_timing["paired"] = paired.measure(ids, attn, completions)
-        recorder.append(rows, batch_timing)
-        tracker.log_batch(rows, batch_timing)
-        scored += len(rows)
-        correct += sum(r["correct"] is True for r in rows)
-        tokens += timing.decode_tokens
-        decode_s += timing.decode_s
-        bar.set_postfix(acc=f"{correct / scored:.3f}", tok_s=f"{tokens / max(decode_s, 1e-9):.1f}")
-    return str(runner.device)
+            measured = paired.measure(ids, attn, completions)
+        record(batch, prompts, completions, quality, timing, bar, measured)
+
+
+def _stream(cfg, prepared: PreparedModel, runner: BatchedRunner, todo, references,
+            record: Recording) -> None:  # fmt: skip
+    """Continuous batching: the missing pairs stream through `batch_size` slots in order; each
+    is recorded as it finishes. With quality on, the dense references are streamed the same way
+    first (teacher-forced), so each sample is written whole."""
+    model, tokenizer, adapter, method = (prepared.model, prepared.tokenizer, prepared.adapter,
+                                         prepared.method)  # fmt: skip
+    work = [(e, k) for batch in todo for e, k in batch if (e.index, k) not in record.done]
+    prompts = batch_prompts(tokenizer, cfg.model, work)
+    ids = [tokenizer(p, return_tensors="pt", add_special_tokens=False).input_ids[0]
+           for p in prompts]  # fmt: skip
+    stream = StreamRunner(runner, int(cfg.batch_size))
+    quality: list = [None] * len(work)
+    with method.attach(model, adapter):
+        if references:
+            by_pair = {(e.index, k): ref.row(b) for batch, ref in zip(todo, references)
+                       for b, (e, k) in enumerate(batch)}  # fmt: skip
+            refs = [by_pair[(e.index, k)] for e, k in work]
+            quality = stream_quality(stream, ids, refs, bool(cfg.quality.traces))
+        bar = tqdm(total=len(work), desc=record.recorder.key, unit="sample",
+                   disable=not cfg.progress)  # fmt: skip
+        inside = BatchProgress(bar)
+
+        def finished(items: list[int], completions, timing: BatchTiming) -> None:
+            pick = [work[i] for i in items], [prompts[i] for i in items]
+            record(*pick, completions, [quality[i] for i in items], timing, bar)
+            bar.update(len(items))
+
+        stream.run(ids, finished, progress=inside)
+    bar.close()
 
 
 def paired_enabled(cfg: DictConfig) -> bool:
-    """`speed.paired`: true, false, or auto (on when the method prunes: target ρ > 0)."""
+    """`speed.paired`: true, false, or auto (on when the method prunes: target ρ > 0, and the
+    batches are static: the paired timing redoes a batch's work, which a stream does not have)."""
     setting = str(cfg.speed.paired).lower()
-    return setting == "true" or (setting == "auto" and target_sparsity(cfg) > 0)
+    static = cfg.generation.batching == "static"
+    return setting == "true" or (setting == "auto" and static and target_sparsity(cfg) > 0)
 
 
 def paired_timing(cfg: DictConfig, runner: BatchedRunner, prepared: PreparedModel) -> PairedTiming:

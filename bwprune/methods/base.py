@@ -4,14 +4,14 @@ Only `bwprune.engine.protocol.MethodDriver` calls this interface; it calls `prep
 every batch `begin_batch`, then `begin_step` / `end_step` around every forward, with `keep_rows`
 when rows leave the batch early. `attach` is entered around generation by whoever owns the model.
 A method keeps its own state (scores, masks, schedule); state with a row dimension must follow
-`keep_rows`.
+`keep_rows`. It touches the model only through the `HookSet` it returns from `attach`, so
+detaching always restores the model.
 
 Under continuous batching (`generation.batching=continuous`) a batch is a set of slots that rows
 pass through: `rows_left(slots)` when rows finish and free their slots, then `rows_entered(slots)`
 when new rows take them, followed by one PREFILL forward over the entering rows alone
 (`StepContext.rows` names their slots). Decode steps always cover every slot; the step index
-counts decode steps since `begin_batch`, so it is the stream's clock, not a row's. It touches the model only through the `HookSet` it returns from `attach`, so
-detaching always restores the model.
+counts decode steps since `begin_batch`, so it is the stream's clock, not a row's.
 
 Call order inside a method family is fixed by the family's base class, not by convention: a base
 class lists in `sealed` the hooks it implements as a template, and a subclass that overrides one

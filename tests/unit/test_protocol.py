@@ -17,7 +17,8 @@ from bwprune.models.adapters import adapter_for
 from tests.conftest import tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
-PROTOCOL = re.compile(r"(?<!super\(\))(?<!self)\.(begin_batch|begin_step|end_step|rows_entered|rows_left)\(")
+HOOKS = "begin_batch|begin_step|end_step|rows_entered|rows_left"
+PROTOCOL = re.compile(rf"(?<!super\(\))(?<!self)\.({HOOKS})\(")
 
 
 def test_only_the_driver_calls_the_protocol():

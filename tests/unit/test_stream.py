@@ -1,0 +1,225 @@
+"""Continuous batching (`generation.batching=continuous`): slots refilled as rows finish.
+
+A row's computation in a stream must be the one it gets alone — its own positions, KV entries and
+first token — for every method whose rows do not see each other (dense, per-token TEAL and CATS),
+across refills, cache rebases and the final drain; batch-coupled methods must run and account.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from baselines.cats import CATS
+from baselines.dense import Dense
+from baselines.griffin import Griffin
+from baselines.teal import TEAL
+from bwprune.config import validate
+from bwprune.errors import UserError
+from bwprune.experiment import run
+from bwprune.generation.runner import BatchedRunner, EngineConfig, Forcing, SamplingConfig
+from bwprune.generation.stream import StreamRunner
+from bwprune.methods.ours import BWAP
+from bwprune.models.adapters import adapter_for
+from bwprune.records import RunRecorder, run_key
+from tests.conftest import chat, tiny_model
+
+CAP = 30
+TEXTS = [f"Q{i} " + "ab " * (i * 3 % 5) for i in range(20)]
+
+
+def methods(shared: bool) -> dict:
+    """One method per family; threshold methods hand-set (no calibration), per token or shared."""
+    teal = TEAL(0.5, shared_mask=shared, calibration={"x": 1})
+    cats = CATS(0.5, shared_mask=shared, calibration={"x": 1})
+    teal.thresholds = [[0.02] * 4, [0.02] * 4]  # [layer][site], set as `prepare` would
+    cats.thresholds = [0.05, 0.05]
+    teal.prepare = cats.prepare = lambda *a: None
+    return {
+        "dense": Dense(),
+        "teal": teal,
+        "cats": cats,
+        "ours": BWAP(0.5, t_init=2, t_prune=3, t_explore=2),
+        "griffin": Griffin(0.5),
+    }
+
+
+def prompts(tok) -> list[torch.Tensor]:
+    return [tok(t, return_tensors="pt", add_special_tokens=False).input_ids[0]
+            for t in chat(tok, TEXTS)]  # fmt: skip
+
+
+def references(n: int) -> list[torch.Tensor]:
+    """Teacher-forced continuations of uneven lengths, 2 ... CAP tokens."""
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(3, 300, ((5 * i + 2) % (CAP - 1) + 2,), generator=g) for i in range(n)]
+
+
+def alone(runner: BatchedRunner, ids: list[torch.Tensor], forced=None):
+    """Each item as a static batch of one: completions and (item, index) -> logits."""
+    out, logits = [], {}
+    for i, p in enumerate(ids):
+        one = None if forced is None else Forcing(forced[i][None], torch.tensor([len(forced[i])]))
+
+        def keep(n, x, i=i):
+            logits[(i, n)] = x[0].clone()
+
+        out += runner.generate_tokens(p[None], torch.ones_like(p[None]), forced=one, observe=keep)[
+            0
+        ]
+    return out, logits
+
+
+def streamed(runner: BatchedRunner, slots: int, ids, forced=None):
+    """The items through `slots` slots: completions in item order, (item, index) -> logits,
+    the order they finished in, and the stream."""
+    done, logits, order = {}, {}, []
+
+    def finished(items, completions, timing):
+        order.extend(items)
+        done.update(zip(items, completions))
+
+    def observe(items, index, x):
+        for i, n, row in zip(items.tolist(), index.tolist(), x):
+            logits[(i, n)] = row.clone()
+
+    stream = StreamRunner(runner, slots)
+    stream.run(ids, finished, forced=forced, observe=observe)
+    return [done[i] for i in range(len(ids))], logits, order, stream
+
+
+def setup(tiny, method, engine=None, cap=CAP, invariant=False):
+    model, tok = tiny
+    adapter = adapter_for(model)
+    method.prepare(model, adapter, tok)
+    sampling = SamplingConfig(cap)
+    engine = engine or EngineConfig()
+    runner = BatchedRunner(model, tok, method, adapter, sampling, engine=engine,
+                           batch_invariant=invariant)  # fmt: skip
+    return runner, method.attach(model, adapter), prompts(tok)
+
+
+@pytest.mark.parametrize("name", ["dense", "teal", "cats"])
+def test_a_streamed_row_computes_what_it_computes_alone(tiny, name):
+    """Teacher-forced rows of uneven lengths through 3 slots: refills, a rebase of the cache
+    (20 rows of up to 30 tokens pass through a 128-column cache) and the drain. Every logit a
+    row sees equals its logit alone (float noise of other batch shapes aside), the same argmax."""
+    runner, hooks, ids = setup(tiny, methods(shared=False)[name])
+    forced = references(len(ids))
+    with hooks:
+        _, ref_logits = alone(runner, ids, forced)
+        out, logits, order, stream = streamed(runner, 3, ids, forced)
+    assert stream.rebases >= 1
+    assert order != sorted(order)  # rows overtook each other: slots were refilled out of order
+    assert [c.token_ids for c in out] == [f.tolist() for f in forced]
+    assert logits.keys() == ref_logits.keys()
+    for key, row in ref_logits.items():
+        torch.testing.assert_close(logits[key], row, atol=1e-4, rtol=1e-4)
+        assert logits[key].argmax() == row.argmax()
+    assert [c.sparsity["decode_steps"] for c in out] == [len(f) - 1 for f in forced]
+
+
+def test_free_generation_stops_rows_at_their_own_stop_tokens(tiny):
+    """Greedy dense rows that stop at different steps: a stream gives each row its tokens alone,
+    with or without compaction of the drain."""
+    runner, _, ids = setup(tiny, Dense())
+    ref, _ = alone(runner, ids)
+    firsts = {c.token_ids[0] for c in ref}
+    later = [t for c in ref for t in c.token_ids[3:] if t not in firsts]
+    runner.stop_ids = torch.tensor(sorted(set(later[:: max(1, len(later) // 3)]))[:3])
+    ref, _ = alone(runner, ids)
+    assert len({c.new_tokens for c in ref}) >= 3  # uneven lengths
+    out, _, _, _ = streamed(runner, 4, ids)
+    assert [(c.token_ids, c.finish_reason) for c in out] == [
+        (c.token_ids, c.finish_reason) for c in ref
+    ]
+    runner.engine = EngineConfig(compaction=False)
+    kept, _, _, _ = streamed(runner, 4, ids)
+    assert [c.token_ids for c in kept] == [c.token_ids for c in out]
+
+
+def test_batch_invariant_streams_are_bit_identical_to_rows_alone():
+    runner, _, ids = setup(tiny_model("tiny_llama"), Dense(), invariant=True)
+    forced = references(len(ids))
+    _, ref_logits = alone(runner, ids, forced)
+    _, logits, order, _ = streamed(runner, 4, ids, forced)
+    assert order == list(range(len(ids)))  # computed alone, one after the other
+    assert all(torch.equal(logits[k], v) for k, v in ref_logits.items())
+
+
+@pytest.mark.parametrize("name", ["ours", "griffin", "teal", "cats"])
+def test_batch_coupled_methods_stream_and_account_every_row(name):
+    """Shared masks see other rows, so no equality to rows alone: every item comes back once,
+    with the decode steps it ran and what the method skipped on them."""
+    runner, hooks, ids = setup(tiny_model("tiny_llama"), methods(shared=True)[name])
+    forced = references(len(ids))
+    with hooks:
+        out, _, _, _ = streamed(runner, 3, ids, forced)
+    assert [c.token_ids for c in out] == [f.tolist() for f in forced]
+    assert [c.sparsity["decode_steps"] for c in out] == [len(f) - 1 for f in forced]
+    assert sum(c.sparsity["sparse_steps"] for c in out) > 0
+    assert all(0 < c.sparsity["ffn_sparse_steps"] < 1 for c in out if c.sparsity["sparse_steps"])
+
+
+def test_a_stream_reuses_one_cache():
+    """Refills and rebases write into the same preallocated tensors."""
+    runner, _, ids = setup(tiny_model("tiny_llama"), Dense(), cap=CAP)
+    seen: set[tuple[int, ...]] = set()
+    step = runner.step
+    runner.step = lambda cache, *a: (seen.add(tuple(cache.data_ptrs())), step(cache, *a))[1]
+    runner.engine = EngineConfig(compaction=False)
+    _, _, _, stream = streamed(runner, 3, ids, references(len(ids)))
+    assert stream.rebases >= 1 and len(seen) == 1
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["generation.batching=dynamic"], r"'dynamic'.*\['continuous', 'static'\]"),
+        (["generation.batching=continuous", "generation.kv_cache=dynamic"], "kv_cache=static"),
+        (["generation.batching=continuous", "speed.paired=true"], "speed.paired=true"),
+    ],
+)
+def test_bad_stream_settings_are_named(cfg_factory, overrides, named):
+    with pytest.raises(UserError, match=named):
+        validate(cfg_factory(*overrides))
+
+
+def test_a_continuous_run_records_samples_as_they_finish_and_resumes(cfg_factory, monkeypatch):
+    """run.py with batching=continuous: every sample recorded once with quality, timing lines
+    that partition the work; an interrupted stream resumes with the missing samples only."""
+    args = ["model=tiny_llama", "limit=7", "batch_size=3", "generation.batching=continuous",
+            "generation.max_new_tokens=12", "quality.enabled=true", "quality.max_tokens=6",
+            "method=ours", "method.t_init=2", "method.t_prune=3", "method.t_explore=2"]  # fmt: skip
+    cfg = cfg_factory(*args)
+    record = run(cfg)
+    recorder = RunRecorder(cfg.paths.runs_dir, record["run_key"])
+    samples, _ = recorder.rows()
+    assert sorted(s["index"] for s in samples) == list(range(7))
+    assert all(s["quality"]["tokens"] == 6 for s in samples)
+    assert record["metrics"]["realized_sparsity"]["ffn"] > 0
+    assert "continuous" in (Path(recorder.dir) / "config.yaml").read_text()
+    # interrupted: the first stream (quality) passes, generation stops on its first call
+    cfg = cfg_factory(*args, "seed=1")
+    calls = []
+    real = StreamRunner.run
+
+    def stop_after_three(self, prompts, on_finish, **kw):
+        def partial_finish(items, completions, timing):
+            calls.append(len(items))
+            on_finish(items, completions, timing)
+            if "forced" not in kw and sum(calls) >= 3:
+                raise KeyboardInterrupt
+
+        return real(self, prompts, partial_finish, **kw)
+
+    monkeypatch.setattr(StreamRunner, "run", stop_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg)
+    interrupted = RunRecorder(cfg.paths.runs_dir, run_key(cfg))
+    assert 3 <= len(interrupted.samples()) < 7 and not interrupted.is_complete()
+    monkeypatch.setattr(StreamRunner, "run", real)
+    resumed = run(cfg)
+    assert resumed["metrics"]["n"] == 7
