@@ -16,6 +16,12 @@ GRIFFIN exactly. The kept neurons run as real smaller matmuls (`SlicedMLP`).
 
 Deviation: the score is GRIFFIN's unnormalised L2 over tokens (no 1/√S as in paper A's Eq. 2), so
 with `mean` a longer prompt weighs more in the batch score, as its raw score is larger.
+
+Streams (continuous batching). Each slot keeps its row's prompt scores and whether a row occupies
+it. A row that leaves frees its slot (its prompt no longer counts, but the mask stays until the
+next entry); rows that enter store their prompts' scores in their slots, and the mask is chosen
+again: top-k of the aggregate over the prompts of every row then in the batch, entering and still
+running. A row's prompt is its only say, as in GRIFFIN; decode steps never move the mask.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ class Griffin(NeuronMaskMethod):
             raise choices_error("aggregate", aggregate, AGGREGATES)
         self.sparsity, self.aggregate = sparsity, aggregate
         self.k: list[int] = []  # kept neurons per layer
+        self.prompt_scores: list[torch.Tensor] = []  # (B, D) per layer: s_j of each slot's row
+        self.occupied = torch.zeros(0, dtype=torch.bool)  # (B,) slots whose row counts
 
     def prepare(
         self, model: nn.Module, adapter: ModelAdapter, tokenizer: PreTrainedTokenizerBase
@@ -51,13 +59,38 @@ class Griffin(NeuronMaskMethod):
     def begin_batch(self, batch_size: int) -> None:
         self.set_kept(None)  # the prompt pass is dense
         self.phase = PhaseScores(len(self.sliced)) if self.sparsity > 0 else None
+        device = self.sliced[0].down_proj.weight.device if self.sliced else None
+        self.prompt_scores = [torch.zeros(batch_size, s.d_ff, device=device) for s in self.sliced]
+        self.occupied = torch.zeros(batch_size, dtype=torch.bool, device=device)
 
     def after_forward(self, ctx: StepContext) -> None:
         if ctx.phase is Phase.PREFILL and self.phase is not None:
             phase, self.phase = self.phase, None
-            self.set_kept([self._select(phase, layer) for layer in range(len(self.sliced))])
+            self.prompt_scores = [s.sqrt() for s in phase.sum_sq]  # GRIFFIN's s_j per row
+            self.occupied = phase.rows
+            self._select()
 
-    def _select(self, phase: PhaseScores, layer: int) -> torch.Tensor:
-        """GRIFFIN's s_j = ‖z̄_{·,j}‖₂ per row, aggregated over the batch, then top-k."""
-        scores = phase.sum_sq[layer].sqrt()  # (B, D)
-        return topk_index(aggregate(scores, phase.rows, self.aggregate), self.k[layer])
+    def keep_rows(self, index: torch.Tensor) -> None:
+        super().keep_rows(index)
+        index = index.to(self.occupied.device)
+        self.prompt_scores = [s[index] for s in self.prompt_scores]
+        self.occupied = self.occupied[index]
+
+    def rows_left(self, slots: torch.Tensor) -> None:
+        self.occupied[slots.to(self.occupied.device)] = False
+
+    def prompts_entered(self, slots: torch.Tensor, scores: PhaseScores) -> None:
+        if self.sparsity == 0:
+            return
+        slots = slots.to(self.occupied.device)
+        for held, entered in zip(self.prompt_scores, scores.sum_sq):
+            held[slots] = entered.sqrt()
+        self.occupied[slots] = scores.rows
+        self._select()
+
+    def _select(self) -> None:
+        """Top-k per layer of the slots' prompt scores aggregated over the occupied slots."""
+        self.set_kept([
+            topk_index(aggregate(s, self.occupied, self.aggregate), k)
+            for s, k in zip(self.prompt_scores, self.k)
+        ])  # fmt: skip

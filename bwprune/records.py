@@ -50,6 +50,10 @@ LATE_OPTIONS = {
     ("generation", "batch_invariant"): False,
     ("generation", "batching"): "static",
     ("method", "attn_square"): False,  # trisp's FLAP-style squared attention scores
+    ("method", "memory_policy"): "max",  # ours under continuous batching (and its ablations)
+    ("method", "memory_decay"): 0.9,
+    ("method", "memory_window"): 4,
+    ("method", "on_enter"): "prompt",
 }
 # Blocks that change nothing while their switch is null: out of a run's identity then, so adding
 # one re-keys no recorded run.

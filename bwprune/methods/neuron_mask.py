@@ -5,7 +5,9 @@ matmuls, and reads the FF activation Z (the input of down_proj) with a pre-hook 
 asks for it. Subclasses decide *when* to observe and *which* neurons to keep (paper A's periodic
 top-k, Griffin's prompt-phase top-k, ...) in `before_forward` / `after_forward`; the base class
 owns `begin_step` / `end_step`, so what a forward is reported to run with is always the kept set
-it really ran with. This module holds no selection policy.
+it really ran with. Under continuous batching the prompts of entering rows run dense and are
+scored apart (`prompts_entered`), the kept sets in force coming back unchanged after them.
+This module holds no selection policy.
 """
 
 from __future__ import annotations
@@ -66,17 +68,32 @@ class PhaseScores:
             return
         gone = torch.ones_like(self.count, dtype=torch.bool)
         gone[index] = False
-        if bool(gone.any()):
-            self._left = [
-                torch.cat([left, s[gone]]) if len(left) else s[gone]
-                for left, s in zip(self._left, self.sum_sq)
-            ]
-            left = self._left_count
-            self._left_count = (
-                torch.cat([left, self.count[gone]]) if len(left) else self.count[gone]
-            )
+        self._set_aside(gone)
         self.sum_sq = [None if s is None else s[index] for s in self.sum_sq]
         self.count = self.count[index]
+
+    def replace(self, slots: torch.Tensor) -> None:
+        """New rows take `slots`: the old occupants' statistics are set aside as if they had
+        left, and the slots start again from zero."""
+        if self.count is None:  # nothing observed yet in this phase
+            return
+        slots = slots.to(self.count.device)
+        taken = torch.zeros_like(self.count, dtype=torch.bool)
+        taken[slots] = True
+        self._set_aside(taken)
+        self.sum_sq = [None if s is None else s.index_fill(0, slots, 0.0) for s in self.sum_sq]
+        self.count = self.count.index_fill(0, slots, 0.0)
+
+    def _set_aside(self, rows: torch.Tensor) -> None:
+        """Keep the statistics of `rows` (B,) bool apart: they count in `scores`, never change."""
+        if not bool(rows.any()):
+            return
+        self._left = [
+            torch.cat([left, s[rows]]) if len(left) else s[rows]
+            for left, s in zip(self._left, self.sum_sq)
+        ]
+        left = self._left_count
+        self._left_count = torch.cat([left, self.count[rows]]) if len(left) else self.count[rows]
 
 
 class NeuronMaskMethod(PruningMethod):
@@ -90,6 +107,7 @@ class NeuronMaskMethod(PruningMethod):
         self.phase: PhaseScores | None = None  # set by the subclass while it is observing
         self._ffn_sparsity: torch.Tensor | None = None  # (L,) of the current kept sets; None: dense
         self._ran_at: torch.Tensor | None = None  # _ffn_sparsity when the current forward began
+        self._outside: tuple | None = None  # (indices, _ffn_sparsity, phase) during entering
 
     def attach(self, model: nn.Module, adapter: ModelAdapter) -> HookSet:
         hooks = HookSet()
@@ -109,8 +127,12 @@ class NeuronMaskMethod(PruningMethod):
         return read_z
 
     def begin_step(self, ctx: StepContext) -> None:
-        """Template: the subclass picks this forward's kept set, then it is snapshotted."""
-        self.before_forward(ctx)
+        """Template: the subclass picks this forward's kept set, then it is snapshotted. The
+        prompts of entering rows (`ctx.rows`) run dense, observed apart from the open phase."""
+        if ctx.rows is None:
+            self.before_forward(ctx)
+        else:
+            self._open_entering()
         self._valid = ctx.valid
         self._ran_at = self._ffn_sparsity  # what this forward computes, whatever happens after
         if self.phase is not None:
@@ -118,9 +140,13 @@ class NeuronMaskMethod(PruningMethod):
 
     def end_step(self, ctx: StepContext) -> StepSparsity | None:
         """Template: reports the kept sets this forward ran with, then lets the subclass react
-        (a mask chosen in `after_forward` applies from the next forward)."""
+        (a mask chosen in `after_forward` applies from the next forward). After entering
+        prompts the kept sets in force before them come back, then `prompts_entered`."""
         ran = None if self._ran_at is None else StepSparsity(self._ran_at)
-        self.after_forward(ctx)
+        if ctx.rows is None:
+            self.after_forward(ctx)
+        else:
+            self.prompts_entered(ctx.rows, self._close_entering())
         return ran
 
     def before_forward(self, ctx: StepContext) -> None:
@@ -129,9 +155,33 @@ class NeuronMaskMethod(PruningMethod):
     def after_forward(self, ctx: StepContext) -> None:
         """Subclass hook: react to what the forward observed (e.g. choose the next kept set)."""
 
+    def prompts_entered(self, slots: torch.Tensor, scores: PhaseScores) -> None:
+        """Subclass hook (continuous batching): rows entered `slots`; `scores` holds their
+        prompts' statistics, one row per slot in `slots` order. The kept sets are back as
+        they were before the prompts ran."""
+
     def keep_rows(self, index: torch.Tensor) -> None:
         if self.phase is not None:
             self.phase.gather(index)
+
+    def rows_entered(self, slots: torch.Tensor) -> None:
+        if self.phase is not None:
+            self.phase.replace(slots)
+
+    def _open_entering(self) -> None:
+        """Entering prompts run dense (the papers never prune a prefill) and are observed into
+        a phase of their own: the open phase, if any, waits outside."""
+        self._outside = ([s.index for s in self.sliced], self._ffn_sparsity, self.phase)
+        self.set_kept(None)
+        self.phase = PhaseScores(len(self.sliced))
+
+    def _close_entering(self) -> PhaseScores:
+        """Puts back the kept sets and phase that were in force; the entering prompts' scores."""
+        (indices, sparsity, phase), self._outside = self._outside, None
+        for s, index in zip(self.sliced, indices):
+            s.set_index(index)  # the same tensors: the same neurons, gathered again
+        entered, self.phase, self._ffn_sparsity = self.phase, phase, sparsity
+        return entered
 
     def capturable(self) -> bool:
         """A forward that observes Z accumulates scores in Python state; the others (every

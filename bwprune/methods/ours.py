@@ -14,10 +14,15 @@ batch (a max over more rows keeps more neurons) while top-k stays at ρ. The kep
 without any batch, as the threshold meets the running-max memory (which only grows) and phases of
 other lengths than its `t_explore`-token calibration windows (prompt, `t_init`): the batch effect
 is threshold at batch B against threshold at batch 1.
+
+Streams (continuous batching) are one generation, so the paper's memory never resets in them:
+`memory_policy` (max | reset | decay | window) says how each phase's batch score enters the memory
+(in static batches too), and `on_enter` (prompt | explore) what the prompts of entering rows do.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 
 import torch
@@ -41,10 +46,21 @@ from bwprune.methods.neuron_scores import (
 from bwprune.models.adapters import ModelAdapter
 
 SELECTS = ("topk", "threshold")
+MEMORY_POLICIES = ("max", "reset", "decay", "window")
+ON_ENTER = ("prompt", "explore")
 
 
 class BWAP(NeuronMaskMethod):
-    """Batch-wise adaptive pruning; every ablation switch is a constructor argument."""
+    """Batch-wise adaptive pruning; every ablation switch is a constructor argument.
+
+    How a phase's batch score s̄ enters the memory m (`memory: false` overrides: m ← s̄):
+    `max` (paper) m ← max(m, s̄); `decay` m ← max(γ·m, s̄), γ = `memory_decay`; `window` m is the
+    max of the last `memory_window` phases' s̄; `reset` is `max`, but m is cleared (the next s̄
+    becomes m) once every row that was in the batch at the last clearing has left (never within
+    a static batch). What entering rows' prompts do (`on_enter`): `prompt` absorbs their batch
+    score into m at once, refreshing the mask if one is in force; `explore` restarts the paper's
+    batch-start schedule: prompt phase, `t_init` dense observing steps, first mask, periods.
+    """
 
     def __init__(
         self,
@@ -58,6 +74,10 @@ class BWAP(NeuronMaskMethod):
         select: str = "topk",
         calibration: Mapping | None = None,
         cache_dir: str | None = None,
+        memory_policy: str = "max",
+        memory_decay: float = 0.9,
+        memory_window: int = 4,
+        on_enter: str = "prompt",
     ) -> None:
         super().__init__()
         if not 0.0 <= sparsity < 1.0:
@@ -73,13 +93,27 @@ class BWAP(NeuronMaskMethod):
             raise choices_error("select", select, SELECTS)
         if select == "threshold" and not calibration:
             raise UserError("select='threshold' needs a calibration config (calibration: ...)")
+        if memory_policy not in MEMORY_POLICIES:
+            raise choices_error("memory_policy", memory_policy, MEMORY_POLICIES)
+        if not 0.0 < memory_decay <= 1.0:
+            raise UserError(f"memory_decay={memory_decay} is outside (0, 1]")
+        if memory_window < 1:
+            raise UserError(f"memory_window={memory_window} must be >= 1")
+        if on_enter not in ON_ENTER:
+            raise choices_error("on_enter", on_enter, ON_ENTER)
         self.sparsity = sparsity
         self.t_init, self.t_explore, self.t_prune = t_init, t_explore, t_prune
         self.aggregate, self.memory_on, self.k_rule, self.select = aggregate, memory, k_rule, select
         self.calibration, self.cache_dir = calibration, cache_dir
+        self.memory_policy, self.memory_decay = memory_policy, memory_decay
+        self.memory_window, self.on_enter = memory_window, on_enter
         self.k: list[int] = []  # kept neurons per layer (top-k)
         self.thresholds: torch.Tensor | None = None  # (L,) for select=threshold
         self.memory: list[torch.Tensor | None] = []  # (D,) per layer
+        self._recent: list[deque] = []  # memory_policy=window: the last s̄ per layer
+        self._occupied = torch.ones(0, dtype=torch.bool)  # (B,) slots holding a row
+        self._elders = torch.ones(0, dtype=torch.bool)  # (B,) rows there at the last clearing
+        self._origin: int | None = 0  # decode step where the schedule began; None: the next
 
     @property
     def active(self) -> bool:
@@ -93,20 +127,53 @@ class BWAP(NeuronMaskMethod):
             self.thresholds = self._calibrate_thresholds(model, adapter, tokenizer)
 
     def begin_batch(self, batch_size: int) -> None:
-        """A batch is one generation: fresh memory (no decay or reset within it, A.4.2)."""
+        """A batch is one generation: fresh memory (the paper never decays or resets it, A.4.2)."""
         self.set_kept(None)
         self.memory = [None] * len(self.sliced)
+        self._recent = [deque(maxlen=self.memory_window) for _ in self.sliced]
+        self._occupied = torch.ones(batch_size, dtype=torch.bool)
+        self._elders = torch.ones(batch_size, dtype=torch.bool)
+        self._origin = 0
         self.phase = PhaseScores(len(self.sliced)) if self.active else None  # phase 0: prompt
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        super().keep_rows(index)
+        index = index.cpu()
+        self._occupied, self._elders = self._occupied[index], self._elders[index]
+
+    def rows_left(self, slots: torch.Tensor) -> None:
+        self._occupied[slots.cpu()] = False
+        self._elders[slots.cpu()] = False
+
+    def rows_entered(self, slots: torch.Tensor) -> None:
+        super().rows_entered(slots)
+        self._occupied[slots.cpu()] = True
+        self._elders[slots.cpu()] = False  # arrived after the last clearing
 
     def before_forward(self, ctx: StepContext) -> None:
         if ctx.phase is Phase.DECODE and self.active:
-            self._schedule(ctx.step)
+            if self._origin is None:  # rows entered under on_enter=explore: the schedule restarts
+                self._origin = ctx.step
+            self._schedule(ctx.step - self._origin)
+
+    def prompts_entered(self, slots: torch.Tensor, scores: PhaseScores) -> None:
+        if not self.active:
+            return
+        if self.on_enter == "explore":
+            self._absorb_phase()  # the open phase ends here
+            self._origin = None  # the next decode step is step 0 of a fresh schedule
+        self._absorb(scores)
+        if self.on_enter == "prompt" and self._ffn_sparsity is not None:  # a mask is in force
+            self._refresh_mask()
 
     # -- schedule (paper-specs A.4.1), decided before each decode step -------------------------
     def _schedule(self, step: int) -> None:
+        """`step` counts decode steps since the schedule began (`begin_batch`, or an entry
+        under on_enter=explore, whose prompts were absorbed then)."""
         if step == 0:  # prefill was the prompt phase
             self._absorb_phase()
             if self.t_init > 0:
+                self.set_kept(None)  # after an entry a mask may be in force
                 self.phase = PhaseScores(len(self.sliced))  # initial dense exploration
             else:
                 self._refresh_mask()
@@ -126,13 +193,35 @@ class BWAP(NeuronMaskMethod):
             self._refresh_mask()
 
     def _absorb_phase(self) -> None:
-        """Eq. 3 + memory: m ← max(m, s̄) per layer (`memory=false`: m ← s̄ of this phase)."""
+        """The open phase, if any, ends and enters the memory."""
         phase, self.phase = self.phase, None
+        if phase is not None:
+            self._absorb(phase)
+
+    def _absorb(self, phase: PhaseScores) -> None:
+        """Eq. 3 + memory: the phase's batch score s̄ enters m per layer under `memory_policy`."""
+        if phase.count is None:  # nothing observed
+            return
+        if self.memory_policy == "reset" and not bool(self._elders.any()):
+            self.memory = [None] * len(self.memory)  # every row of the last clearing has left
+            self._elders = self._occupied.clone()
         rows = phase.rows
         for layer, prev in enumerate(self.memory):
             batch_score = aggregate(phase.scores(layer), rows, self.aggregate)  # (D,)
-            keep = prev is not None and self.memory_on
-            self.memory[layer] = torch.maximum(prev, batch_score) if keep else batch_score
+            self.memory[layer] = self._merge(layer, prev, batch_score)
+
+    def _merge(self, layer: int, prev: torch.Tensor | None, score: torch.Tensor) -> torch.Tensor:
+        """m ← the memory policy of (m, s̄); `memory=false`: m ← s̄ of this phase."""
+        if not self.memory_on:
+            return score
+        if self.memory_policy == "window":
+            self._recent[layer].append(score)
+            return torch.stack(tuple(self._recent[layer])).amax(dim=0)
+        if prev is None:
+            return score
+        if self.memory_policy == "decay":
+            prev = self.memory_decay * prev  # old rows' neurons fade
+        return torch.maximum(prev, score)
 
     def _refresh_mask(self) -> None:
         self.set_kept([self._select(layer, m) for layer, m in enumerate(self.memory)])

@@ -18,7 +18,7 @@ import yaml
 from bwprune.errors import choices_error
 from bwprune.pairing import pairing_key, run_metrics
 from bwprune.provenance import git
-from bwprune.records import settings
+from bwprune.records import LATE_OPTIONS, settings
 from bwprune.speedup import time_to_answer
 
 # Method keys that say what is pruned how much, or name the method, not which variant it is: runs
@@ -28,8 +28,16 @@ RUN_SETS = ("committed", "all")  # report.runs: which runs `make tables` reads (
 
 
 def method_variant(method_cfg: dict) -> str:
-    """The method's non-default-able arguments as canonical JSON (e.g. memory/aggregate)."""
-    return json.dumps({k: v for k, v in method_cfg.items() if k not in NOT_VARIANT}, sort_keys=True)
+    """The method's non-default-able arguments as canonical JSON (e.g. memory/aggregate). An
+    argument added later (`records.LATE_OPTIONS`) at its default is left out, as from run keys:
+    runs recorded before it are the variant they were."""
+    late = {key: value for (group, key), value in LATE_OPTIONS.items() if group == "method"}
+    variant = {
+        k: v
+        for k, v in method_cfg.items()
+        if k not in NOT_VARIANT and (k not in late or late[k] != v)
+    }
+    return json.dumps(variant, sort_keys=True)
 
 
 def committed_keys(runs_dir: str | Path) -> set[str] | None:

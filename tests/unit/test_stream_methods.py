@@ -1,0 +1,366 @@
+"""Methods in a stream (continuous batching): entering prompts, memory policies, Griffin's slots.
+
+Forwards are real tiny-model forwards over random ids, driven through `MethodDriver` as the runner
+drives them: `start` + `prefill`, `decode` steps over every slot, `leave` / `enter` for rows that
+finish and rows that take their slots.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from baselines.griffin import Griffin
+from bwprune.engine.ledger import SparsityLedger
+from bwprune.engine.protocol import MethodDriver
+from bwprune.errors import UserError
+from bwprune.methods.neuron_mask import PhaseScores
+from bwprune.methods.neuron_scores import aggregate, topk_index
+from bwprune.methods.ours import BWAP
+from bwprune.models.adapters import adapter_for
+from tests.conftest import tiny_model
+
+PROMPT = 6  # prompt tokens of every row
+
+
+class Stream:
+    """One method on tiny_llama under a `MethodDriver`; `with Stream(m) as s:` attaches it."""
+
+    def __init__(self, method, batch: int = 3) -> None:
+        self.model, tok = tiny_model("tiny_llama")
+        adapter = adapter_for(self.model)
+        method.prepare(self.model, adapter, tok)
+        self.method, self.batch = method, batch
+        self.driver = MethodDriver(method, SparsityLedger(adapter, torch.device("cpu")))
+        self.hooks = method.attach(self.model, adapter)
+        self.finished = torch.zeros(batch, dtype=torch.bool)
+        self.step = 0
+        self.dense_forwards: list[bool] = []  # was every layer dense while each forward ran?
+
+    def __enter__(self) -> Stream:
+        self.hooks.__enter__()
+        self.driver.start(self.batch)
+        self.driver.prefill(torch.ones(self.batch, PROMPT, dtype=torch.bool), self._run(self.batch))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.hooks.__exit__(*exc)
+
+    def _run(self, rows: int, length: int = PROMPT):
+        ids = torch.randint(0, self.model.config.vocab_size, (rows, length))
+
+        @torch.no_grad()
+        def forward(*_):
+            self.dense_forwards.append(all(s.index is None for s in self.method.sliced))
+            return self.model(input_ids=ids)
+
+        return forward
+
+    def decode(self, steps: int = 1) -> None:
+        for _ in range(steps):
+            self.driver.decode(self.step, self.finished.clone(), self._run(self.batch, 1))
+            self.step += 1
+
+    def leave(self, *slots: int) -> None:
+        self.driver.leave(torch.tensor(slots))
+        self.finished[list(slots)] = True
+
+    def enter(self, *slots: int) -> None:
+        valid = torch.ones(len(slots), PROMPT, dtype=torch.bool)
+        self.driver.enter(torch.tensor(slots), valid, self._run(len(slots)))
+        self.finished[list(slots)] = False
+
+
+def kept(method) -> list[torch.Tensor | None]:
+    return [None if s.index is None else s.index.clone() for s in method.sliced]
+
+
+def same_kept(a, b) -> bool:
+    return all(x is y or (x is not None and torch.equal(x, y)) for x, y in zip(a, b))
+
+
+def masked_from(method, memory) -> bool:
+    """The kept sets are the top-k of `memory` (Eq. 4)."""
+    return all(torch.equal(n, topk_index(m, k)) for n, m, k in zip(kept(method), memory, method.k))
+
+
+class Seen:
+    """Mixin: what the kept sets, `_ffn_sparsity` and open phase were when `prompts_entered` ran."""
+
+    def prompts_entered(self, slots, scores):
+        self.seen = (kept(self), self._ffn_sparsity, self.phase, scores)
+        super().prompts_entered(slots, scores)
+
+
+class SeenBWAP(Seen, BWAP):
+    pass
+
+
+class SeenGriffin(Seen, Griffin):
+    pass
+
+
+class Logged(BWAP):
+    """BWAP logging every absorbed phase: (memory before, s̄ computed here, memory after)."""
+
+    def begin_batch(self, batch_size):
+        super().begin_batch(batch_size)
+        self.absorbed = []
+
+    def _absorb(self, phase):
+        before = [None if m is None else m.clone() for m in self.memory]
+        super()._absorb(phase)
+        if phase.count is not None:
+            score = [aggregate(phase.scores(i), phase.rows, self.aggregate) for i in range(2)]
+            self.absorbed.append((before, score, [m.clone() for m in self.memory]))
+
+
+# -- the entering prefill (NeuronMaskMethod) -------------------------------------------------------
+@pytest.mark.parametrize(
+    "method",
+    [SeenBWAP(0.5, t_init=2, t_explore=2, t_prune=3), SeenGriffin(0.5)],
+    ids=["ours", "griffin"],
+)
+def test_entering_prompts_run_dense_and_find_the_kept_sets_as_they_were(method):
+    with Stream(method) as s:
+        s.decode(3)  # ours: steps 0, 1 dense, step 2 sparse; griffin: sparse from step 0
+        before, sparsity = kept(method), method._ffn_sparsity.clone()
+        assert all(k is not None for k in before)
+        s.leave(1)
+        s.enter(1)
+    assert s.dense_forwards[-1] and not s.dense_forwards[-2]  # the entering forward ran dense
+    seen_kept, seen_sparsity, _, scores = method.seen
+    assert same_kept(seen_kept, before)
+    assert torch.equal(seen_sparsity, sparsity)
+    assert scores.count.tolist() == [PROMPT]  # one row: the entering prompt alone
+
+
+def test_entering_prompts_leave_the_open_phase_alone():
+    """The open phase only sees its slot handed over (`replace`), never the entering prompt."""
+    method = SeenBWAP(0.5, t_init=4)
+    with Stream(method) as s:
+        s.decode(2)  # inside the t_init window: a phase is open, no mask
+        phase = method.phase
+        before = [phase.scores(i).clone() for i in range(2)]
+        count = phase.count.clone()
+        s.leave(1)
+        s.enter(1)
+        assert method.phase is phase and method.seen[2] is phase
+        assert phase.count.tolist() == [count[0], 0, count[2]]
+        for i in range(2):
+            kept_rows = before[i][[0, 2]]
+            after = phase.scores(i)  # the old occupant of slot 1 first, then the 3 slots
+            torch.testing.assert_close(after[0], before[i][1])
+            torch.testing.assert_close(after[[1, 3]], kept_rows)
+            assert not after[2].any()  # the new occupant starts from zero
+
+
+def test_replace_sets_the_old_occupant_aside_like_a_row_that_left():
+    phase = PhaseScores(1)
+    phase.replace(torch.tensor([0]))  # nothing observed yet: no-op
+    assert phase.count is None
+    z, valid = torch.rand(3, 4, 8), torch.ones(3, 4, dtype=torch.bool)
+    phase.count_tokens(valid)
+    phase.add(0, z, valid)
+    gathered = PhaseScores(1)
+    gathered.count_tokens(valid)
+    gathered.add(0, z, valid)
+    phase.replace(torch.tensor([1]))
+    gathered.gather(torch.tensor([0, 2]))
+    torch.testing.assert_close(phase.scores(0)[[0, 1, 3]], gathered.scores(0))
+    assert phase.rows.tolist() == [True, True, False, True]
+
+
+# -- memory policies ------------------------------------------------------------------------------
+def run_static(method, steps: int = 24) -> list:
+    with Stream(method) as s:
+        s.decode(steps)
+    return method.absorbed
+
+
+def test_default_memory_is_the_running_max_of_the_phase_scores():
+    """Static batch, paper defaults: m after each phase is the max of every s̄ so far."""
+    absorbed = run_static(Logged(0.5, t_init=2, t_explore=2, t_prune=2))
+    assert len(absorbed) >= 5
+    running = absorbed[0][1]
+    for _, score, after in absorbed:
+        running = [torch.maximum(r, s) for r, s in zip(running, score)]
+        assert all(torch.equal(a, r) for a, r in zip(after, running))
+
+
+def test_decay_fades_the_old_memory():
+    absorbed = run_static(Logged(0.5, t_init=2, t_explore=2, t_prune=2, memory_policy="decay",
+                                 memory_decay=0.5))  # fmt: skip
+    for before, score, after in absorbed[1:]:
+        expected = [torch.maximum(0.5 * b, s) for b, s in zip(before, score)]
+        assert all(torch.equal(a, e) for a, e in zip(after, expected))
+    assert any(  # the fading mattered: a plain max would have kept more
+        not torch.equal(a, torch.maximum(b, s))
+        for before, score, after in absorbed[1:]
+        for a, b, s in zip(after, before, score)
+    )
+
+
+def test_window_remembers_the_last_phases_only():
+    absorbed = run_static(Logged(0.5, t_init=2, t_explore=2, t_prune=2, memory_policy="window",
+                                 memory_window=2))  # fmt: skip
+    scores = [score for _, score, _ in absorbed]
+    forgot = False
+    for n, (_, _, after) in enumerate(absorbed):
+        last = scores[max(0, n - 1) : n + 1]
+        expected = [torch.stack([s[i] for s in last]).amax(dim=0) for i in range(2)]
+        assert all(torch.equal(a, e) for a, e in zip(after, expected)), n
+        everything = [torch.stack([s[i] for s in scores[: n + 1]]).amax(dim=0) for i in range(2)]
+        forgot |= not all(torch.equal(a, e) for a, e in zip(after, everything))
+    assert forgot  # some phase older than the window held a larger score
+
+
+def test_reset_clears_once_every_original_row_has_left_not_before():
+    method = Logged(0.5, t_init=2, t_explore=2, t_prune=2, memory_policy="reset")
+    with Stream(method) as s:
+        s.decode(3)  # a mask is in force from step 2
+        s.leave(2)  # slot 2 stays empty from now on
+        s.leave(0)
+        s.enter(0)  # row 1 of the first batch is still there: plain max
+        before, score, after = method.absorbed[-1]
+        assert all(torch.equal(a, torch.maximum(b, x)) for a, b, x in zip(after, before, score))
+        s.decode(2)
+        s.leave(1)
+        memory = [m.clone() for m in method.memory]
+        s.decode(1)  # no phase ends: the memory waits for the next one
+        assert all(torch.equal(a, b) for a, b in zip(method.memory, memory))
+        s.enter(1)  # the last original row has left: m restarts from this phase
+        _, score, after = method.absorbed[-1]
+        assert all(torch.equal(a, x) for a, x in zip(after, score))
+        s.leave(1)
+        s.enter(1)  # slot 0's row arrived before the clearing and is still there: max again
+        before, score, after = method.absorbed[-1]
+        assert all(torch.equal(a, torch.maximum(b, x)) for a, b, x in zip(after, before, score))
+
+
+def test_reset_never_fires_in_a_static_batch():
+    """Rows finishing or compacted away in a static batch are not a renewed batch."""
+
+    def memories(policy):
+        method = Logged(0.5, t_init=2, t_explore=2, t_prune=2, memory_policy=policy)
+        torch.manual_seed(1)
+        with Stream(method) as s:
+            s.decode(5)
+            s.finished[0] = True
+            s.decode(5)
+            s.driver.keep_rows(torch.tensor([1, 2]))
+            s.finished = s.finished[[1, 2]]
+            s.batch = 2
+            s.decode(10)
+        return [after for _, _, after in method.absorbed]
+
+    for a, b in zip(memories("max"), memories("reset"), strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+# -- on_enter -------------------------------------------------------------------------------------
+def test_on_enter_prompt_refreshes_a_mask_in_force_at_once():
+    method = Logged(0.5, t_init=2, t_explore=2, t_prune=4)
+    with Stream(method) as s:
+        s.decode(3)  # step 2: the first mask
+        old = kept(method)
+        s.leave(2)
+        s.enter(2)
+        before, score, after = method.absorbed[-1]
+        assert all(torch.equal(a, torch.maximum(b, x)) for a, b, x in zip(after, before, score))
+        new = kept(method)
+        assert not same_kept(new, old)  # the entering prompt changed the top-k
+        assert masked_from(method, after)
+        s.decode(1)
+    assert s.dense_forwards[-1] is False  # no dense step added
+
+
+def test_on_enter_prompt_in_the_initial_window_carries_into_the_first_mask():
+    method = Logged(0.5, t_init=4, t_explore=2, t_prune=4)
+    with Stream(method) as s:
+        s.decode(2)
+        s.leave(0)
+        s.enter(0)
+        assert all(k is None for k in kept(method))  # still no mask
+        entered = method.absorbed[-1][2]
+        s.decode(3)  # step 4 absorbs the t_init phase into that memory, then masks
+        before, _, after = method.absorbed[-1]
+        assert all(torch.equal(b, e) for b, e in zip(before, entered))
+        assert masked_from(method, after)
+
+
+def test_on_enter_explore_restarts_the_schedule_from_the_entry():
+    t_init, t_explore, t_prune = 3, 2, 4
+    method = BWAP(0.5, t_init=t_init, t_explore=t_explore, t_prune=t_prune, on_enter="explore")
+    with Stream(method) as s:
+        s.decode(5)  # steps 3, 4 sparse
+        s.leave(1)
+        s.enter(1)
+        assert method.phase is None  # the prompts were absorbed; nothing observed since
+        mark = len(s.dense_forwards)
+        s.decode(t_init + t_prune + t_explore + 1)
+    dense = s.dense_forwards[mark:]
+    expected = [True] * t_init + [False] * t_prune + [True] * t_explore + [False]
+    assert dense == expected
+
+
+def test_on_enter_explore_observes_its_window_and_masks_from_it():
+    method = Logged(0.5, t_init=2, t_explore=2, t_prune=4, on_enter="explore")
+    with Stream(method) as s:
+        s.decode(3)
+        s.leave(0)
+        s.enter(0)
+        s.decode(1)
+        assert method.phase is not None and method.phase.count.tolist() == [1, 1, 1]
+        s.decode(2)  # the window of 2 ends: absorbed, then the mask
+    _, _, after = method.absorbed[-1]
+    assert masked_from(method, after)
+
+
+# -- griffin ---------------------------------------------------------------------------------------
+def test_griffin_reselects_from_the_prompts_of_the_rows_in_the_batch():
+    model, _ = tiny_model("tiny_llama")
+    prompts = []  # per forward: layer 0's Z, (rows, T, D)
+    handle = model.model.layers[0].mlp.down_proj.register_forward_pre_hook(
+        lambda m, a: prompts.append(a[0].detach()) if a[0].shape[1] > 1 else None
+    )
+    method = Griffin(0.5)
+    try:
+        with Stream(method) as s:
+            s.decode(2)
+            s.leave(0, 1)
+            s.enter(1)  # slot 0 stays empty: its row no longer counts
+    finally:
+        handle.remove()
+    first, entered = prompts
+
+    def score(z):  # GRIFFIN's s_j per row
+        return (z / z.norm(dim=-1, keepdim=True)).norm(dim=1)
+
+    rows = torch.stack([score(entered)[0], score(first)[2]])
+    expected = topk_index(rows.mean(dim=0), method.k[0])
+    assert torch.equal(method.sliced[0].index, expected)
+    with_left = torch.cat([score(first)[:1], rows]).mean(dim=0)
+    assert not torch.equal(topk_index(with_left, method.k[0]), expected)
+
+
+# -- arguments -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (
+            dict(memory_policy="lru"),
+            r"memory_policy='lru' .* \['decay', 'max', 'reset', 'window'\]",
+        ),
+        (
+            dict(on_enter="skip"),
+            r"on_enter='skip' is not valid; choose one of \['explore', 'prompt'\]",
+        ),
+        (dict(memory_decay=0.0), r"memory_decay=0.0 is outside \(0, 1\]"),
+        (dict(memory_decay=1.5), r"memory_decay=1.5 is outside \(0, 1\]"),
+        (dict(memory_window=0), "memory_window=0 must be >= 1"),
+    ],
+)
+def test_bad_stream_arguments(kw, message):
+    with pytest.raises(UserError, match=message):
+        BWAP(0.5, **kw)
