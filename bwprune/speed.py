@@ -25,7 +25,14 @@ from torch import nn
 from bwprune.engine.ledger import SparsityLedger
 from bwprune.engine.realized import combine
 from bwprune.generation.paired import timed_generation, weight_bytes
-from bwprune.generation.runner import BatchedRunner, EngineConfig, Forcing, SamplingConfig
+from bwprune.generation.runner import (
+    BatchedRunner,
+    BatchTiming,
+    EngineConfig,
+    Forcing,
+    SamplingConfig,
+)
+from bwprune.generation.stream import StreamRunner
 from bwprune.generation.timing import alternate
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import ModelAdapter
@@ -154,6 +161,76 @@ def measure_compaction(
     return {"batch": batch, "short": short, "long": long, "repeats": repeats,
             "decode_s_compaction": spread(times["with"]),
             "decode_s_without": spread(times["without"]), "ratio": spread(ratios)}  # fmt: skip
+
+
+def stream_lengths(items: int, short: tuple[int, int], long: int, long_fraction: float,
+                   seed: int) -> list[int]:  # fmt: skip
+    """A heavy-tailed workload: a `long_fraction` of the answers run to the `long` cap, the
+    others stop after a uniform `short[0]` ... `short[1]` tokens (seeded)."""
+    g = torch.Generator().manual_seed(seed)
+    capped = torch.rand(items, generator=g) < long_fraction
+    stops = torch.randint(short[0], short[1] + 1, (items,), generator=g)
+    return torch.where(capped, torch.full_like(stops, long), stops).tolist()
+
+
+def measure_streaming(
+    model: nn.Module,
+    tokenizer,
+    adapter: ModelAdapter,
+    batch: int = 8,
+    items: int = 32,
+    short: tuple[int, int] = (16, 64),
+    long: int = 256,
+    long_fraction: float = 0.125,
+    prompt_len: int = 64,
+    repeats: int = 3,
+    warmup: int = 1,
+    seed: int = 0,
+) -> dict:
+    """Decode tokens/s of the same heavy-tailed work (`stream_lengths`, dense, teacher-forced)
+    in static batches of `batch` (with live-row compaction) and continuously batched in `batch`
+    slots, alternated. Tokens/s counts every generated token over decode time (and, end to end,
+    over decode plus prefill: a stream prefills its entering rows between steps)."""
+    device = next(model.parameters()).device
+    lengths = stream_lengths(items, tuple(short), long, long_fraction, seed)
+    g = torch.Generator().manual_seed(seed)
+    vocab = min(tokenizer.vocab_size, 1000)
+    prompts = [torch.randint(3, vocab, (prompt_len,), generator=g).to(device) for _ in lengths]
+    forced = [torch.randint(3, vocab, (n,), generator=g).to(device) for n in lengths]
+    runner = BatchedRunner(model, tokenizer, PruningMethod(), adapter, SamplingConfig(long))
+    stream = StreamRunner(runner, batch)
+
+    def static() -> tuple[float, float]:
+        decode = prefill = 0.0
+        for start in range(0, items, batch):
+            ids = torch.stack(prompts[start : start + batch])
+            part = forced[start : start + batch]
+            tokens = torch.zeros(len(part), long, dtype=torch.long, device=device)
+            for row, f in enumerate(part):
+                tokens[row, : len(f)] = f
+            n = torch.tensor([len(f) for f in part], device=device)
+            _, t = runner.generate_tokens(ids, torch.ones_like(ids), forced=Forcing(tokens, n))
+            decode, prefill = decode + t.decode_s, prefill + t.prefill_s
+        return decode, prefill
+
+    def continuous() -> tuple[float, float]:
+        times: list[BatchTiming] = []
+        stream.run(prompts, lambda _i, _c, t: times.append(t), forced=forced)
+        return sum(t.decode_s for t in times), sum(t.prefill_s for t in times)
+
+    runs = alternate({"static": static, "continuous": continuous}, repeats, warmup)
+    tokens = sum(lengths)
+    rates = {k: [tokens / d for d, _ in v] for k, v in runs.items()}
+    e2e = {k: [tokens / (d + p) for d, p in v] for k, v in runs.items()}
+    return {
+        "batch": batch, "items": items, "short": list(short), "long": long,
+        "long_fraction": long_fraction, "tokens": tokens, "capped": lengths.count(long),
+        "repeats": repeats, "rebases": stream.rebases,
+        "tokens_per_s_static": spread(rates["static"]),
+        "tokens_per_s_continuous": spread(rates["continuous"]),
+        "ratio": spread([c / s for c, s in zip(rates["continuous"], rates["static"])]),
+        "ratio_e2e": spread([c / s for c, s in zip(e2e["continuous"], e2e["static"])]),
+    }  # fmt: skip
 
 
 def _summarize(batch: int, samples: dict[str, list[dict]], bytes_: dict):

@@ -2,10 +2,11 @@
 
 python scripts/bench_speed.py [config overrides, e.g. model=tiny_llama bench.batch_sizes=[1]]
 
-Three measurements, each alternated and repeated in this one process (conf/bench/default.yaml):
-the methods on the configured model under every engine (eager, compiled), the per-step overhead
-on a thin 28-layer model (eager vs compiled), and live-row compaction on a batch whose rows stop
-at very different lengths.
+Four measurements (`bench.parts`), each alternated and repeated in this one process
+(conf/bench/default.yaml): the methods on the configured model under every engine (eager,
+compiled), the per-step overhead on a thin 28-layer model (eager vs compiled), live-row
+compaction on a batch whose rows stop at very different lengths, and static vs continuous
+batching of a heavy-tailed workload.
 """
 
 import json
@@ -21,55 +22,67 @@ from bwprune.generation.runner import EngineConfig
 from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
 from bwprune.provenance import provenance
-from bwprune.report.speed_table import compaction_line, markdown_table
-from bwprune.speed import measure, measure_compaction
+from bwprune.report.speed_table import compaction_line, markdown_table, stream_line
+from bwprune.speed import measure, measure_compaction, measure_streaming
 
 ROOT = Path(__file__).resolve().parent.parent
+PARTS = ("methods", "overhead", "compaction", "stream")
 
 
 def main(overrides: list[str]) -> None:
     cfg = compose_config(ROOT / "conf", ["+bench=default", *overrides])
     bench = cfg.bench
+    parts = list(bench.parts)
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        sys.exit(f"error: bench.parts={unknown} unknown; choose from {list(PARTS)}")
     torch.set_num_threads(bench.threads)
     engines = {k: EngineConfig(**OmegaConf.to_container(v)) for k, v in bench.engines.items()}
     model, tokenizer = load_model(cfg.model, cfg.paths.cache_dir)
     adapter = adapter_for(model)
-    methods = {}
-    for label, method_overrides in bench.methods.items():
-        method_cfg = compose_config(
-            ROOT / "conf", ["+bench=default", *overrides, *method_overrides]
-        )
-        methods[label] = build_method(method_cfg.method)
-        methods[label].prepare(model, adapter, tokenizer)
-    rows = measure(
-        model, tokenizer, adapter, methods, list(bench.batch_sizes), bench.new_tokens,
-        bench.prompt_len, bench.repeats, bench.warmup, cfg.seed, bench.hf_generate, log=print,
-        engines=engines,
-    )  # fmt: skip
-    compaction = measure_compaction(model, tokenizer, adapter, **bench.compaction)
-    thin_cfg = compose_config(ROOT / "conf", [f"model={bench.overhead.model}"]).model
-    thin, thin_tok = load_model(thin_cfg, cfg.paths.cache_dir)
-    overhead = measure(
-        thin, thin_tok, adapter_for(thin), {"dense": Dense()}, list(bench.overhead.batch_sizes),
-        bench.overhead.new_tokens, bench.prompt_len, bench.repeats, bench.warmup, cfg.seed,
-        with_hf_generate=False, log=print, engines=engines,
-    )  # fmt: skip
+    record: dict = {"bench": OmegaConf.to_container(bench)}
+    text = ""
+    if "methods" in parts:
+        methods = {}
+        for label, method_overrides in bench.methods.items():
+            method_cfg = compose_config(
+                ROOT / "conf", ["+bench=default", *overrides, *method_overrides]
+            )
+            methods[label] = build_method(method_cfg.method)
+            methods[label].prepare(model, adapter, tokenizer)
+        record["rows"] = measure(
+            model, tokenizer, adapter, methods, list(bench.batch_sizes), bench.new_tokens,
+            bench.prompt_len, bench.repeats, bench.warmup, cfg.seed, bench.hf_generate,
+            log=print, engines=engines,
+        )  # fmt: skip
+        text += f"{markdown_table(record['rows'])}\n"
+    if "overhead" in parts:
+        thin_cfg = compose_config(ROOT / "conf", [f"model={bench.overhead.model}"]).model
+        thin, thin_tok = load_model(thin_cfg, cfg.paths.cache_dir)
+        record["overhead"] = measure(
+            thin, thin_tok, adapter_for(thin), {"dense": Dense()},
+            list(bench.overhead.batch_sizes), bench.overhead.new_tokens, bench.prompt_len,
+            bench.repeats, bench.warmup, cfg.seed, with_hf_generate=False, log=print,
+            engines=engines,
+        )  # fmt: skip
+        table = markdown_table(record["overhead"])
+        text += f"Overhead probe ({bench.overhead.model}):\n\n{table}\n"
+    if "compaction" in parts:
+        record["compaction"] = measure_compaction(model, tokenizer, adapter, **bench.compaction)
+        text += f"{compaction_line(record['compaction'])}\n"
+    if "stream" in parts:
+        record["stream"] = measure_streaming(
+            model, tokenizer, adapter, **bench.stream, prompt_len=bench.prompt_len,
+            repeats=bench.repeats, warmup=bench.warmup, seed=cfg.seed,
+        )  # fmt: skip
+        text += f"\n{stream_line(record['stream'])}\n"
     device = str(next(model.parameters()).device)
     key = f"{cfg.model.name}_{device.split(':')[0]}_{torch.get_num_threads()}t"
+    if set(parts) != set(PARTS):
+        key += "_" + "_".join(p for p in PARTS if p in parts)
+    record = {"key": key, **record, "provenance": provenance(cfg.seed, device)}
     out = Path(cfg.paths.results_dir) / "speed"
     out.mkdir(parents=True, exist_ok=True)
-    text = (
-        f"{markdown_table(rows)}\nOverhead probe ({bench.overhead.model}):\n\n"
-        f"{markdown_table(overhead)}\n{compaction_line(compaction)}\n"
-    )
-    record = {
-        "key": key,
-        "bench": OmegaConf.to_container(bench),
-        "rows": rows,
-        "overhead": overhead,
-        "compaction": compaction,
-        "provenance": provenance(cfg.seed, device),
-    }
     (out / f"{key}.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     (out / f"{key}.md").write_text(f"# Speed: {key}\n\n{text}")
     print(text)

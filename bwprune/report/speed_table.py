@@ -55,3 +55,16 @@ def compaction_line(c: dict) -> str:
         f"(ratio {ratio:.2f} [{c['ratio']['min']:.2f}, {c['ratio']['max']:.2f}], "
         f"median of {c['repeats']})."
     )
+
+
+def stream_line(c: dict) -> str:
+    """One sentence for `bwprune.speed.measure_streaming`'s record."""
+    r, e2e = c["ratio"], c["ratio_e2e"]
+    return (
+        f"Continuous batching: {c['items']} answers in {c['batch']} slots, {c['capped']} run to "
+        f"{c['long']} tokens, the others stop after {c['short'][0]}-{c['short'][1]}: decode "
+        f"{c['tokens_per_s_continuous']['median']:.1f} tok/s continuous vs "
+        f"{c['tokens_per_s_static']['median']:.1f} static batches (ratio {r['median']:.2f} "
+        f"[{r['min']:.2f}, {r['max']:.2f}]; with prefill {e2e['median']:.2f}), median of "
+        f"{c['repeats']}."
+    )

@@ -24,6 +24,8 @@ from bwprune.generation.stream import StreamRunner
 from bwprune.methods.ours import BWAP
 from bwprune.models.adapters import adapter_for
 from bwprune.records import RunRecorder, run_key
+from bwprune.report.speed_table import stream_line
+from bwprune.speed import measure_streaming, stream_lengths
 from tests.conftest import chat, tiny_model
 
 CAP = 30
@@ -223,3 +225,14 @@ def test_a_continuous_run_records_samples_as_they_finish_and_resumes(cfg_factory
     monkeypatch.setattr(StreamRunner, "run", real)
     resumed = run(cfg)
     assert resumed["metrics"]["n"] == 7
+
+
+def test_the_streaming_benchmark_times_the_same_heavy_tailed_work_both_ways():
+    model, tok = tiny_model("tiny_llama")
+    lengths = stream_lengths(64, (4, 8), 32, 0.25, seed=0)
+    assert set(lengths) - set(range(4, 9)) == {32} and 4 <= lengths.count(32) <= 28
+    out = measure_streaming(model, tok, adapter_for(model), batch=4, items=8, short=(4, 8),
+                            long=32, prompt_len=8, repeats=1, warmup=0)  # fmt: skip
+    assert out["tokens"] == sum(stream_lengths(8, (4, 8), 32, 0.125, seed=0))
+    assert out["tokens_per_s_static"]["median"] > 0 and out["ratio"]["median"] > 0
+    assert stream_line(out).startswith("Continuous batching: 8 answers in 4 slots")
