@@ -35,6 +35,7 @@ def main(overrides: list[str]) -> None:
         for y in PARETO_METRICS:  # each measure against realized (c), a curve per method
             made[f"pareto_{y}"] = figures.pareto(cells, y)
         made["drift"] = figures.drift(cells)
+        made["stream_kl"] = figures.stream_fidelity(runs)
     for speed in sorted((results / "speed").glob("*.json")):
         rows = json.loads(speed.read_text()).get("rows")  # none in a `bench.parts` subset
         if rows:

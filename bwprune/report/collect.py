@@ -108,6 +108,7 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
                 "seed": cfg["seed"],
                 "limit": cfg.get("limit"),
                 "max_new_tokens": (cfg.get("generation") or {}).get("max_new_tokens"),
+                "batching": (cfg.get("generation") or {}).get("batching", "static"),
                 "n": m.get("n"),
                 "problems": m.get("problems", m.get("n")),
                 "accuracy": m.get("accuracy"),

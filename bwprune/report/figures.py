@@ -10,6 +10,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from bwprune.report import pareto as pv
+from bwprune.report.stream import stream_pairs
 
 METHOD_ORDER = ("dense", "ours", "teal", "cats", "griffin", "wanda", "wanda_unstructured", "trisp")
 
@@ -120,6 +121,28 @@ def pareto(runs: pd.DataFrame, y: str) -> Figure:
     if handles:
         order = [m for m in _methods(runs) if m in handles]
         fig.legend([handles[m] for m in order], order, loc="outside right upper", fontsize=8)
+    return fig
+
+
+def stream_fidelity(runs: pd.DataFrame) -> Figure:
+    """KL to dense (top) and realized cost (c) (bottom) of each method in static batches and
+    continuously batched, bar beside bar; one column per batch size (`report.stream`)."""
+    pairs = stream_pairs(runs)
+    sizes = sorted(set(pairs["batch_size"])) if len(pairs) else []
+    fig = Figure(figsize=(4.2 * max(1, len(sizes)) + 0.5, 6.2), layout="constrained")
+    axes = fig.subplots(2, max(1, len(sizes)), squeeze=False)
+    if not sizes:
+        axes[0][0].text(0.5, 0.5, "no continuous run with a static twin", ha="center")
+    for c, size in enumerate(sizes):
+        one = pairs[pairs["batch_size"] == size]
+        for r, (col, name) in enumerate((("kl", "KL to dense"), (pv.X, "realized (c)"))):
+            ax, x = axes[r][c], range(len(one))
+            ax.bar([i - 0.2 for i in x], one[f"{col}_static"], 0.4, label="static batches")
+            ax.bar([i + 0.2 for i in x], one[f"{col}_continuous"], 0.4, label="continuous")
+            ax.set_xticks(list(x), list(one["label"]), rotation=30, ha="right", fontsize=8)
+            ax.set(ylabel=name, title=f"batch {size}, {one['problems'].iloc[0]} problems")
+            ax.grid(axis="y", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
     return fig
 
 

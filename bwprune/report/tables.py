@@ -25,6 +25,8 @@ from bwprune.report.cells import check_cells, largest_evaluations
 from bwprune.report.collect import method_variant
 from bwprune.report.pareto import CURVE, X, curves, interpolate
 from bwprune.report.speed_table import SPEED_COLUMNS, table_cells
+from bwprune.report.stream import MEASURES as STREAM_MEASURES
+from bwprune.report.stream import static_runs, stream_pairs
 
 FOOTNOTE = (
     "n = problems; values are means over seeds; acc = accuracy (pass@1; an unscorable sample "
@@ -133,8 +135,9 @@ def default_variants(conf_dir: str | Path, runs: pd.DataFrame) -> dict[str, str]
 
 
 def default_runs(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
-    """Generation runs of each method's default variant, every evaluation size (the collapse)."""
-    return _defaults_only(runs[runs["perplexity"].isna()], defaults)
+    """Generation runs of each method's default variant in static batches, every evaluation
+    size (the collapse); continuously batched runs have their own view (`stream_table`)."""
+    return _defaults_only(static_runs(runs[runs["perplexity"].isna()]), defaults)
 
 
 def default_cells(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
@@ -293,6 +296,24 @@ RUNS_COLUMNS = [
 ]  # fmt: skip
 
 
+def stream_table(runs: pd.DataFrame) -> Table:
+    """Continuous batching next to static batches, run for run (`bwprune.report.stream`)."""
+    pairs = stream_pairs(runs)
+    columns = {"problems": "n", "batch_size": "B", "label": "method"}
+    for col, name in STREAM_MEASURES.items():
+        columns.update({f"{col}_static": f"{name} static", f"{col}_continuous": f"{name} cont."})
+    frame = pairs[["benchmark", "model", *columns]].rename(columns=columns) if len(pairs) else pairs
+    keys = {k for pair in pairs.get("run_keys", []) for k in pair}
+    used = runs[runs["run_key"].isin(keys)]
+    note = (
+        "Each continuously batched run (`generation.batching=continuous`: a finished row's slot "
+        "takes the next problem at once) beside the run equal to it in all but the batching "
+        "(static batches). ours (policy): its activation-memory policy for streams "
+        "(conf/method/ours.yaml `memory_policy`). " + FOOTNOTE
+    )
+    return _table("Streams: continuous vs static batching", frame, used, note)
+
+
 def runs_table(runs: pd.DataFrame) -> Table:
     """Every recorded run, one line each, target vs realized sparsity side by side."""
     table = runs.sort_values(["benchmark", "model", "method", "batch_size", "target_sparsity"])
@@ -311,11 +332,14 @@ def speed_table(name: str, rows: list[dict]) -> Table:
 
 def all_tables(runs: pd.DataFrame, defaults: dict[str, str]) -> dict[str, Table]:
     """File stem -> table, for `make tables`; all but `runs` and `batch_size` use one run per
-    cell."""
+    cell; runs in static batches only, but in `runs` and `stream` (continuous beside static)."""
+    every = runs
+    runs = static_runs(runs)
     generation = runs[runs["perplexity"].isna()]
     cells = largest_evaluations(generation)
     tables = {
-        "runs": runs_table(runs),
+        "runs": runs_table(every),
+        "stream": stream_table(every),
         "main": main_table(cells, defaults),
         "batch_size": batch_table(generation, defaults),
         "sparsity": sparsity_table(cells, defaults),

@@ -7,8 +7,10 @@ across refills, cache rebases and the final drain; batch-coupled methods must ru
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -25,6 +27,7 @@ from bwprune.methods.ours import BWAP
 from bwprune.models.adapters import adapter_for
 from bwprune.records import RunRecorder, run_key
 from bwprune.report.speed_table import stream_line
+from bwprune.report.stream import static_runs, stream_pairs
 from bwprune.speed import measure_streaming, stream_lengths
 from tests.conftest import chat, tiny_model
 
@@ -236,3 +239,28 @@ def test_the_streaming_benchmark_times_the_same_heavy_tailed_work_both_ways():
     assert out["tokens"] == sum(stream_lengths(8, (4, 8), 32, 0.125, seed=0))
     assert out["tokens_per_s_static"]["median"] > 0 and out["ratio"]["median"] > 0
     assert stream_line(out).startswith("Continuous batching: 8 answers in 4 slots")
+
+
+def test_each_continuous_run_is_shown_beside_its_static_twin_only():
+    """stream_pairs pairs on everything but the batching; static views leave streams out."""
+
+    def row(key, batching, policy, batch, kl):
+        gen = {"max_new_tokens": 64, **({"batching": batching} if batching != "static" else {})}
+        method = {"sparsity": 0.5, **({"memory_policy": policy} if policy != "max" else {})}
+        return {"run_key": key, "batching": batching, "method": "ours", "batch_size": batch,
+                "variant": json.dumps({k: v for k, v in method.items() if k != "sparsity"}),
+                "settings": json.dumps({"generation": gen, "method": method, "batch_size": batch}),
+                "benchmark": "gsm8k", "model": "m", "problems": 48, "kl": kl,
+                "nll_increase": kl, "realized_params": 0.2, "realized_ffn": 0.4}  # fmt: skip
+
+    runs = pd.DataFrame([
+        row("s-max-4", "static", "max", 4, 1.0), row("c-max-4", "continuous", "max", 4, 2.0),
+        row("s-decay-4", "static", "decay", 4, 1.5),
+        row("c-decay-4", "continuous", "decay", 4, 1.6),
+        row("c-max-16", "continuous", "max", 16, 3.0),  # no static twin: left out
+    ])  # fmt: skip
+    pairs = stream_pairs(runs)
+    assert list(pairs["label"]) == ["ours (decay)", "ours (max)"]
+    assert list(pairs["kl_static"]) == [1.5, 1.0] and list(pairs["kl_continuous"]) == [1.6, 2.0]
+    assert list(pairs["run_keys"]) == [("s-decay-4", "c-decay-4"), ("s-max-4", "c-max-4")]
+    assert set(static_runs(runs)["run_key"]) == {"s-max-4", "s-decay-4"}
