@@ -125,7 +125,7 @@ class BatchedRunner:
         # One generator per run, seeded once: sampled runs are reproducible batch after batch.
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
-    def _next_token(self, logits: torch.Tensor) -> torch.Tensor:
+    def next_token(self, logits: torch.Tensor) -> torch.Tensor:
         """(B, V) logits of the last position -> (B,) token ids."""
         s = self.sampling
         if not s.do_sample:
@@ -143,7 +143,7 @@ class BatchedRunner:
         `observe` sees the logits of every row of the batch in its original order."""
         if observe is not None:
             observe(i, rows.full(logits))
-        return self._next_token(logits) if forced is None else forced.tokens[:, i]
+        return self.next_token(logits) if forced is None else forced.tokens[:, i]
 
     def _ends(self, i: int, token: torch.Tensor, forced: Forcing | None) -> torch.Tensor:
         """(n,) computed rows that end with their i-th new token."""
@@ -200,7 +200,7 @@ class BatchedRunner:
 
         timer.mark()
         logits = self.driver.prefill(attn.bool(), partial(
-            self._prefill, cache, input_ids=ids, attention_mask=cache.start(attn),
+            self.prefill_logits, cache, input_ids=ids, attention_mask=cache.start(attn),
             position_ids=positions,
         ))  # fmt: skip
         token = self._pick(0, logits, forced, observe, rows)
@@ -287,19 +287,19 @@ class BatchedRunner:
             forced = Forcing(forced.tokens[keep], forced.lengths[keep])
         return smaller, token[keep], position[keep], finished[keep], forced
 
-    def _prefill(self, cache: SlotCache, **inputs: torch.Tensor) -> torch.Tensor:
+    def prefill_logits(self, cache: SlotCache, **inputs: torch.Tensor) -> torch.Tensor:
         """The prompt forward, eager (prompt lengths vary) -> (B, V) logits of the last position."""
         out = self.model(**inputs, **cache.inputs(), logits_to_keep=1)
         return out.logits[:, -1]
 
     def _completions(self, rows: GenerationRows) -> list[Completion]:
-        """Each row's first `lengths[b]` generated ids; its text without a stop token."""
-        stop_ids = set(self.stop_ids.tolist())
+        """Each row's first `lengths[b]` generated ids."""
         per_row = zip(rows.tokens.tolist(), rows.lengths.tolist(), rows.stopped.tolist(),
                       self.driver.rows())  # fmt: skip
-        out = []
-        for row, n, done, sparsity in per_row:
-            ids = row[:n]
-            text = self.tokenizer.decode(ids[:-1] if ids[-1] in stop_ids else ids)
-            out.append(Completion(text, ids, "stop" if done else "length", sparsity))
-        return out
+        return [self.completion(row[:n], done, sparsity) for row, n, done, sparsity in per_row]
+
+    def completion(self, ids: list[int], stopped: bool, sparsity: dict) -> Completion:
+        """A row's generated `ids` as a completion; its text without a stop token."""
+        ends = bool(ids) and ids[-1] in self.stop_ids.tolist()
+        text = self.tokenizer.decode(ids[:-1] if ends else ids)
+        return Completion(text, ids, "stop" if stopped else "length", sparsity)

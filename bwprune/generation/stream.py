@@ -165,7 +165,7 @@ class StreamRunner:
         ids, attn = _left_padded(prompts, width, r.pad_id, device)
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
         logits = r.driver.prefill(attn.bool(), partial(
-            r._prefill, cache, input_ids=ids, attention_mask=cache.start(attn),
+            r.prefill_logits, cache, input_ids=ids, attention_mask=cache.start(attn),
             position_ids=positions,
         ))  # fmt: skip
         zeros = torch.zeros(batch, dtype=torch.long, device=device)
@@ -190,7 +190,7 @@ class StreamRunner:
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
         own = SlotCache(r.model, "dynamic", len(prompts), ids.shape[1])
         logits = r.driver.enter(slots, attn.bool(), partial(
-            r._prefill, own, input_ids=ids, attention_mask=own.start(attn),
+            r.prefill_logits, own, input_ids=ids, attention_mask=own.start(attn),
             position_ids=positions,
         ))  # fmt: skip
         cache.place(slots, own)
@@ -229,7 +229,7 @@ class StreamRunner:
     def _choose(self, items: torch.Tensor, count: torch.Tensor, logits) -> torch.Tensor:
         """The model's next token per row, or the row's reference token at its own index."""
         if self.ref is None:
-            return self.runner._next_token(logits)
+            return self.runner.next_token(logits)
         tokens, _ = self.ref
         return tokens[items.clamp(min=0), count.clamp(max=tokens.shape[1] - 1)]
 
@@ -252,14 +252,9 @@ class StreamRunner:
         their slots are empty from now on."""
         r = self.runner
         sparsity = r.driver.leave(done)
-        stop_ids = set(r.stop_ids.tolist())
         rows = zip(s.tokens[done].tolist(), s.count[done].tolist(), s.stopped[done].tolist(),
                    sparsity)  # fmt: skip
-        completions = []
-        for row, n, stopped, row_sparsity in rows:
-            ids = row[:n]
-            text = r.tokenizer.decode(ids[:-1] if ids and ids[-1] in stop_ids else ids)
-            completions.append(Completion(text, ids, "stop" if stopped else "length", row_sparsity))
+        completions = [r.completion(row[:n], stopped, sp) for row, n, stopped, sp in rows]
         items = s.item[done].tolist()
         s.item[done] = -1
         on_finish(items, completions, laps.take())
