@@ -6,7 +6,8 @@ by adding its config file. Each forward runs through the one driver (`BatchedRun
 - its neutral setting (ρ = 0) is exactly dense;
 - leaving `attach` restores the model bit for bit;
 - junk in left padding and in finished rows changes no batch-shared decision;
-- a method that is not `batch_coupled` gives each row the output it gets alone;
+- a method that is not `batch_coupled` gives each row the output it gets alone, in static
+  batches and in a continuous stream (every method accounts each streamed row once);
 - `prepare` changes the weights exactly when the method declares `edits_weights`;
 - the ledger equals the parameters the forward really left out (counted from the tensors);
 - the call order of a family's hooks is enforced by its base class.
@@ -23,6 +24,7 @@ import torch
 from bwprune.config import build_method
 from bwprune.engine.ledger import SparsityLedger
 from bwprune.generation.runner import BatchedRunner, EngineConfig, Forcing, SamplingConfig
+from bwprune.generation.stream import StreamRunner
 from bwprune.methods.neuron_mask import NeuronMaskMethod
 from bwprune.methods.thresholds import ThresholdMethod
 from bwprune.models.adapters import adapter_for
@@ -138,6 +140,38 @@ def test_uncoupled_rows_get_the_output_they_get_alone(name, extra, calibration_o
         # Batched float32 matmuls differ from batch-1 ones in the last bits.
         torch.testing.assert_close(together[:, b], alone[:, 0], atol=1e-4, rtol=1e-4)
         assert rows[b]["params"] == pytest.approx(alone_rows[0]["params"], abs=1e-3)
+
+
+STREAM = [list(range(40 + 3 * i, 47 + 5 * i)) for i in range(5)]  # 7 ... 27 prompt tokens
+
+
+@pytest.mark.parametrize(("name", "extra"), VARIANTS, ids=IDS)
+def test_a_stream_returns_every_row_once_as_it_computes_alone(name, extra, calibration_overrides):
+    """Continuous batching: 5 rows of uneven lengths through 2 slots, so rows enter a running
+    batch. Every method accounts each row's own decode steps; one that is not batch-coupled
+    gives each row the output it gets alone (float noise of other batch shapes aside)."""
+    s = Setup(name, [*calibration_overrides, *extra])
+    runner = BatchedRunner(s.model, s.tok, s.method, s.adapter, SamplingConfig(STEPS),
+                           ledger=s.ledger)  # fmt: skip
+    lengths = [STEPS, 5, 11, 3, 17]
+    forced = [continuation(p)[:n] for p, n in zip(STREAM, lengths)]
+    done, seen = {}, {}
+
+    def observe(items, index, logits):
+        seen.update({(i, n): x for i, n, x in zip(items.tolist(), index.tolist(), logits)})
+
+    with s.method.attach(s.model, s.adapter):
+        StreamRunner(runner, 2).run([torch.tensor(p) for p in STREAM],
+                                    lambda items, out, _: done.update(zip(items, out)),
+                                    forced=forced, observe=observe)  # fmt: skip
+    assert sorted(done) == list(range(len(STREAM)))
+    assert [done[i].sparsity["decode_steps"] for i in range(5)] == [n - 1 for n in lengths]
+    if s.method.batch_coupled:
+        return
+    for i, prompt in enumerate(STREAM):
+        alone, _ = s.run([prompt], [lengths[i]])
+        for n in range(lengths[i]):
+            torch.testing.assert_close(seen[(i, n)], alone[n, 0], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize(("name", "extra"), VARIANTS, ids=IDS)
