@@ -62,3 +62,20 @@ def test_perplexity_cannot_be_sharded(tmp_path):
     cfg = compose_cfg(["model=tiny_llama", "benchmark=wikitext2", "num_shards=2"], tmp_path)
     with pytest.raises(UserError, match=r"num_shards=2: benchmark=wikitext2 .* cannot be sharded"):
         run(cfg)
+
+
+def test_continuous_shards_stream_their_own_work_and_merge(tmp_path):
+    """A stream is cut into shards as static batches are; each shard streams its part, and for a
+    method whose rows do not see each other the merged run equals the unsharded stream."""
+    stream = ["model=tiny_llama", "limit=5", "batch_size=2", "generation.max_new_tokens=8",
+              "generation.batching=continuous"]  # fmt: skip
+    whole = run(compose_cfg(stream, tmp_path / "whole"))
+    sharded = tmp_path / "sharded"
+    for shard in (0, 1):
+        run(compose_cfg([*stream, f"shard={shard}", "num_shards=2"], sharded))
+
+    def outputs(d):
+        return [(s["index"], s["completion"]) for s in RunRecorder(d, "").samples()]
+
+    merged = outputs(sharded / "runs" / whole["run_key"])
+    assert sorted(merged) == sorted(outputs(tmp_path / "whole" / "runs" / whole["run_key"]))
