@@ -135,7 +135,8 @@ def stream_fidelity(runs: pd.DataFrame) -> Figure:
         axes[0][0].text(0.5, 0.5, "no continuous run with a static twin", ha="center")
     for c, size in enumerate(sizes):
         one = pairs[pairs["batch_size"] == size]
-        for r, (col, name) in enumerate((("kl", "KL to dense"), (pv.X, "parameters skipped per\ndecode token (c)"))):
+        rows = (("kl", "KL to dense"), (pv.X, "parameters skipped per\ndecode token (c)"))
+        for r, (col, name) in enumerate(rows):
             ax, x = axes[r][c], range(len(one))
             ax.bar([i - 0.2 for i in x], one[f"{col}_static"], 0.4, label="static batches")
             ax.bar([i + 0.2 for i in x], one[f"{col}_continuous"], 0.4, label="continuous")
