@@ -264,3 +264,31 @@ def test_each_continuous_run_is_shown_beside_its_static_twin_only():
     assert list(pairs["kl_static"]) == [1.5, 1.0] and list(pairs["kl_continuous"]) == [1.6, 2.0]
     assert list(pairs["run_keys"]) == [("s-decay-4", "c-decay-4"), ("s-max-4", "c-max-4")]
     assert set(static_runs(runs)["run_key"]) == {"s-max-4", "s-decay-4"}
+
+
+def test_a_compiled_stream_computes_the_eager_stream_and_never_recompiles():
+    """Decode shapes stay static through refills and rebases, so the captured step (dynamo,
+    backend `eager`) replays: the same logits, and a second stream adds no graph."""
+    from torch._dynamo.utils import counters
+
+    tiny = tiny_model("tiny_llama")
+    forced = references(len(TEXTS))
+
+    def run_with(engine):
+        runner, hooks, ids = setup(tiny, BWAP(0.5, t_init=2, t_prune=3, t_explore=2), engine)
+        with hooks:
+            _, logits, _, stream = streamed(runner, 3, ids, forced)
+        return runner, hooks, ids, logits, stream
+
+    _, _, _, eager, _ = run_with(EngineConfig())
+    torch._dynamo.reset()
+    counters.clear()
+    runner, _, ids, compiled, stream = run_with(EngineConfig(compile=True, backend="eager"))
+    assert stream.rebases >= 1 and eager.keys() == compiled.keys()
+    for key, row in eager.items():
+        torch.testing.assert_close(compiled[key], row, atol=1e-5, rtol=1e-5)
+    graphs = counters["stats"]["unique_graphs"]
+    model = tiny[0]
+    with runner.method.attach(model, adapter_for(model)):  # the first hooks were removed
+        streamed(runner, 3, ids, forced)
+    assert counters["stats"]["unique_graphs"] == graphs
