@@ -50,7 +50,7 @@ class Slots:
     finished: torch.Tensor  # (B,) the row takes no further part (stopped, capped, or empty)
     token: torch.Tensor  # (B,) the token the next decode step feeds
     position: torch.Tensor  # (B, 1) its position in its row
-    column: torch.Tensor  # (B,) first cache column of the row's prompt block
+    column: torch.Tensor  # (B,) first cache column of the row's prompt block (follows rebases)
 
     def keep(self, index: torch.Tensor) -> None:
         for name, value in vars(self).items():
@@ -59,13 +59,15 @@ class Slots:
 
 class Laps:
     """The loop's time since the last hand-back, split into prefill, decode steps and the host
-    work between them (counted as decode, as in `BatchedRunner`); no sync until `take`."""
+    work between them (counted as decode, as in `BatchedRunner`); no sync until `take`. What
+    the caller does with finished work (scoring, writing records) is not timed: `take` closes
+    the laps at the last mark and `restart` opens new ones once the caller is done."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._start()
+        self.restart()
 
-    def _start(self) -> None:
+    def restart(self) -> None:
         self.timer, self.kinds, self.tokens = StepTimer(self.device), [], 0
         self.timer.mark()
 
@@ -79,9 +81,7 @@ class Laps:
         intervals = list(zip(self.kinds, self.timer.intervals_s()))
         steps = [t for kind, t in intervals if kind == "step"]
         prefill = sum(t for kind, t in intervals if kind == "prefill")
-        timing = BatchTiming(prefill, sum(t for _, t in intervals) - prefill, self.tokens, steps)
-        self._start()
-        return timing
+        return BatchTiming(prefill, sum(t for _, t in intervals) - prefill, self.tokens, steps)
 
 
 class StreamRunner:
@@ -96,6 +96,12 @@ class StreamRunner:
             )
         if slots < 1:
             raise UserError(f"batch_size={slots} must be >= 1")
+        kinds = set(getattr(runner.model.config, "layer_types", None) or ["full_attention"])
+        if kinds != {"full_attention"}:  # a sliding-window layer keeps a cache of its own shape
+            raise UserError(
+                f"generation.batching=continuous needs full-attention layers; this model has "
+                f"{sorted(kinds)} (set its sliding window off, or use batching=static)"
+            )
         self.runner, self.slots = runner, slots
         self.rebases = 0  # how often the last `run` moved its cache's columns (tests, docs)
 
@@ -147,7 +153,9 @@ class StreamRunner:
             if not queue and r.engine.compaction and bucket(live) < len(s.item):
                 cache = self._compact(s, cache, live)
             if cache.used == cache.length:
-                cache.rebase(self._shift(s, cache, width))
+                shift = self._shift(s, cache, width)
+                cache.rebase(shift)
+                s.column -= shift
                 self.rebases += 1
             if progress is not None:
                 progress(step, live)
@@ -251,13 +259,15 @@ class StreamRunner:
         """Rows in `done` have ended: hand them back, with the time since the last hand-back;
         their slots are empty from now on."""
         r = self.runner
+        timing = laps.take()
         sparsity = r.driver.leave(done)
         rows = zip(s.tokens[done].tolist(), s.count[done].tolist(), s.stopped[done].tolist(),
                    sparsity)  # fmt: skip
         completions = [r.completion(row[:n], stopped, sp) for row, n, stopped, sp in rows]
         items = s.item[done].tolist()
         s.item[done] = -1
-        on_finish(items, completions, laps.take())
+        on_finish(items, completions, timing)
+        laps.restart()
 
     # -- the batch's shape -------------------------------------------------------------------
     def _shift(self, s: Slots, cache: SlotCache, width: int) -> int:
@@ -265,7 +275,10 @@ class StreamRunner:
         prompt, keeping `width` columns before the write position for entering prompts."""
         live = s.item >= 0
         oldest = int(s.column[live].min()) if bool(live.any()) else cache.used
-        return min(oldest, cache.used - width)
+        shift = min(oldest, cache.used - width)
+        if shift <= 0:  # the cache is sized so this cannot happen (see the module docstring)
+            raise RuntimeError(f"stream cache of {cache.length} columns is full (shift {shift})")
+        return shift
 
     def _compact(self, s: Slots, cache: SlotCache, live: int) -> SlotCache:
         """The work has run out: drop empty slots once the live rows fit a smaller bucket."""
@@ -314,6 +327,9 @@ def _left_padded(prompts, width: int, pad_id: int, device) -> tuple[torch.Tensor
 
 def _references(forced: Sequence[torch.Tensor], device, pad_id: int):
     """Reference tokens per item, (items, N) padded, and their lengths (items,)."""
+    empty = [i for i, f in enumerate(forced) if len(f) == 0]
+    if empty:
+        raise ValueError(f"forced references of items {empty[:4]} are empty (need >= 1 token)")
     n = max(len(f) for f in forced)
     tokens = torch.full((len(forced), n), pad_id, dtype=torch.long, device=device)
     for i, f in enumerate(forced):

@@ -292,3 +292,45 @@ def test_a_compiled_stream_computes_the_eager_stream_and_never_recompiles():
     with runner.method.attach(model, adapter_for(model)):  # the first hooks were removed
         streamed(runner, 3, ids, forced)
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_rows_that_live_through_several_rebases_keep_all_their_columns():
+    """Rows nearly as long as the cache (cap 75 in 128 columns) see it move left several times
+    while they run: each rebase must move past the columns of the oldest live row, wherever
+    earlier rebases put them."""
+    runner, _, ids = setup(tiny_model("tiny_llama"), Dense(), cap=75)
+    ids = (ids * 2)[:24]
+    g = torch.Generator().manual_seed(1)
+    forced = [torch.randint(3, 300, (75 - (7 * i) % 37,), generator=g) for i in range(len(ids))]
+    _, ref_logits = alone(runner, ids, forced)
+    _, logits, _, stream = streamed(runner, 6, ids, forced)
+    assert stream.rebases >= 3
+    for key, row in ref_logits.items():
+        torch.testing.assert_close(logits[key], row, atol=1e-4, rtol=1e-4)
+
+
+def test_the_callers_time_is_not_the_streams(monkeypatch):
+    """What the caller does with finished work (scoring, writing) is not decode or prefill time."""
+    import time
+
+    runner, _, ids = setup(tiny_model("tiny_llama"), Dense())
+    timed, calls = [], []
+
+    def slow_caller(items, completions, timing):
+        timed.append(timing.prefill_s + timing.decode_s)
+        calls.append(len(items))
+        time.sleep(0.05)
+
+    start = time.perf_counter()
+    StreamRunner(runner, 3).run(ids, slow_caller, forced=references(len(ids)))
+    wall = time.perf_counter() - start
+    assert sum(calls) == len(ids)
+    assert sum(timed) < wall - 0.05 * len(calls) + 0.01
+
+
+def test_sliding_window_models_are_refused(monkeypatch):
+    model, tok = tiny_model("tiny_qwen2")
+    monkeypatch.setattr(model.config, "layer_types", ["sliding_attention", "full_attention"])
+    runner = BatchedRunner(model, tok, Dense(), adapter_for(model), SamplingConfig(4))
+    with pytest.raises(UserError, match="full-attention"):
+        StreamRunner(runner, 2)
