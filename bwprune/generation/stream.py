@@ -136,18 +136,19 @@ class StreamRunner:
         laps = Laps(r.device)
         s = self._start(cache, [prompts[i] for i in first], first, width)
         laps.lap("prefill")
-        step = 0
+        live, step = len(first), 0  # rows in slots: a host count, so a step syncs once
         while True:
             done = (s.finished & (s.item >= 0)).nonzero().flatten()  # the step's one host sync
             if len(done):
                 self._finish(s, done, on_finish, laps)
-            free = (s.item < 0).nonzero().flatten()[: len(queue)]
-            if len(free):
+                live -= len(done)
+            if queue and live < len(s.item):
+                free = (s.item < 0).nonzero().flatten()[: len(queue)]
                 entering = [queue.popleft() for _ in range(len(free))]
                 self._enter(s, cache, free, [prompts[i] for i in entering], entering)
+                live += len(entering)
                 laps.lap("prefill")
                 continue  # an entering row may end with its first token
-            live = int((s.item >= 0).sum())
             if live == 0:
                 return
             if not queue and r.engine.compaction and bucket(live) < len(s.item):
@@ -170,12 +171,7 @@ class StreamRunner:
         r = self.runner
         batch, device = len(items), r.device
         r.driver.start(batch)
-        ids, attn = _left_padded(prompts, width, r.pad_id, device)
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)
-        logits = r.driver.prefill(attn.bool(), partial(
-            r.prefill_logits, cache, input_ids=ids, attention_mask=cache.start(attn),
-            position_ids=positions,
-        ))  # fmt: skip
+        logits, last = self._prefill(r.driver.prefill, cache, prompts, width)
         zeros = torch.zeros(batch, dtype=torch.long, device=device)
         s = Slots(
             item=torch.tensor(items, device=device),
@@ -184,7 +180,7 @@ class StreamRunner:
             stopped=zeros.bool(),
             finished=zeros.bool(),
             token=zeros.clone(),
-            position=positions[:, -1:].clone(),
+            position=last,
             column=zeros.clone(),
         )
         self._first_tokens(s, torch.arange(batch, device=device), logits)
@@ -194,22 +190,30 @@ class StreamRunner:
         """Work `items` take the empty `slots`: their prompts are prefilled together in a cache
         of their own, placed into the slots, and give their first tokens."""
         r = self.runner
-        ids, attn = _left_padded(prompts, max(len(p) for p in prompts), r.pad_id, r.device)
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)
-        own = SlotCache(r.model, "dynamic", len(prompts), ids.shape[1])
-        logits = r.driver.enter(slots, attn.bool(), partial(
-            r.prefill_logits, own, input_ids=ids, attention_mask=own.start(attn),
-            position_ids=positions,
-        ))  # fmt: skip
+        width = max(len(p) for p in prompts)
+        own = SlotCache(r.model, "dynamic", len(prompts), width)
+        logits, last = self._prefill(partial(r.driver.enter, slots), own, prompts, width)
         cache.place(slots, own)
         s.item[slots] = torch.tensor(items, device=r.device)
         s.count[slots] = 0
         s.tokens[slots] = r.pad_id
         s.stopped[slots] = False
         s.finished[slots] = False
-        s.position[slots] = positions[:, -1:]
-        s.column[slots] = cache.used - ids.shape[1]
+        s.position[slots] = last
+        s.column[slots] = cache.used - width
         self._first_tokens(s, slots, logits)
+
+    def _prefill(self, through, cache: SlotCache, prompts, width: int):
+        """`prompts` left-padded to `width`, prefilled into `cache` through the driver call
+        `through(valid, forward)` -> (n, V) last logits and (n, 1) last positions."""
+        r = self.runner
+        ids, attn = _left_padded(prompts, width, r.pad_id, r.device)
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: real tokens start at 0
+        logits = through(attn.bool(), partial(
+            r.prefill_logits, cache, input_ids=ids, attention_mask=cache.start(attn),
+            position_ids=positions,
+        ))  # fmt: skip
+        return logits, positions[:, -1:].clone()
 
     def _first_tokens(self, s: Slots, slots: torch.Tensor, logits: torch.Tensor) -> None:
         """The first new token of the rows just prefilled into `slots`, from their logits."""
