@@ -50,8 +50,7 @@ def stream_pairs(runs: pd.DataFrame) -> pd.DataFrame:
     streams = runs[runs["batching"] == "continuous"]
     if streams.empty:
         return pd.DataFrame()
-    twins = {_twin_key(s): row for s, (_, row) in
-             zip(static_runs(runs)["settings"], static_runs(runs).iterrows())}  # fmt: skip
+    twins = {_twin_key(row["settings"]): row for _, row in static_runs(runs).iterrows()}
     rows = []
     for _, run in streams.iterrows():
         twin = twins.get(_twin_key(run["settings"]))
