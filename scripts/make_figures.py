@@ -6,6 +6,7 @@ from pathlib import Path
 
 from bwprune.errors import UserError
 from bwprune.report import figures
+from bwprune.report.control import control_runs
 from bwprune.report.pareto import METRICS as PARETO_METRICS
 from bwprune.report.tables import default_cells, default_runs, default_variants
 from bwprune.report.wandb_source import report_config, source_runs
@@ -36,6 +37,7 @@ def main(overrides: list[str]) -> None:
             made[f"pareto_{y}"] = figures.pareto(cells, y)
         made["drift"] = figures.drift(cells)
         made["stream_kl"] = figures.stream_fidelity(runs)
+        made["collapse_control_kl"] = figures.collapse_control(control_runs(runs, defaults))
     for speed in sorted((results / "speed").glob("*.json")):
         rows = json.loads(speed.read_text()).get("rows")  # none in a `bench.parts` subset
         if rows:

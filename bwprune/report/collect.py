@@ -8,6 +8,7 @@ enter is the caller's choice (`keys`); `committed_keys` gives the ones `make tab
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Collection
 from pathlib import Path
@@ -80,7 +81,7 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
     once the shards are merged (`bwprune.shards`). `settings` is the run's identity without the
     seed, `quality` apart (`measured`): quality only adds measurements to the same samples.
     """
-    rows, predictions = [], {}
+    rows, predictions, completions = [], {}, {}
     for path in sorted(Path(runs_dir).glob("*/*/*/*/run.json")):
         record = json.loads(path.read_text())
         cfg = yaml.safe_load((path.parent / "config.yaml").read_text())
@@ -92,7 +93,7 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
         rs = m.get("realized_sparsity") or {}
         quality = m.get("quality") or {}
         key = record["run_key"]
-        predictions[key] = _predictions(path.parent / "samples.jsonl")
+        predictions[key], completions[key] = _samples(path.parent / "samples.jsonl")
         rows.append(
             {
                 "run_key": key,
@@ -109,6 +110,7 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
                 "limit": cfg.get("limit"),
                 "max_new_tokens": (cfg.get("generation") or {}).get("max_new_tokens"),
                 "batching": (cfg.get("generation") or {}).get("batching", "static"),
+                "batch_invariant": bool((cfg.get("generation") or {}).get("batch_invariant")),
                 "n": m.get("n"),
                 "problems": m.get("problems", m.get("n")),
                 "accuracy": m.get("accuracy"),
@@ -137,6 +139,7 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
         for count in ("n", "problems", "correct", "unscorable"):
             runs[count] = runs[count].astype("Int64")
         runs["agreement"] = _agreement(runs, predictions)
+        runs["completions"] = [completions[key] for key in runs["run_key"]]
         runs["time_to_answer"] = _time_to_answer(runs, Path(runs_dir))
     return runs
 
@@ -168,14 +171,20 @@ def _time_to_answer(runs: pd.DataFrame, runs_dir: Path) -> list[float | None]:
     return out
 
 
-def _predictions(samples_path: Path) -> dict:
+def _samples(samples_path: Path) -> tuple[dict, dict]:
+    """(index, sample) -> final answer, and -> a digest of the completion text: whether two runs
+    wrote the same completions (`report.control`) without holding every text in memory."""
+    predictions: dict = {}
+    digests: dict = {}
     if not samples_path.exists():
-        return {}
-    out = {}
+        return predictions, digests
     for line in samples_path.read_text(encoding="utf-8").splitlines():
         s = json.loads(line)
-        out[(s["index"], s.get("sample", 0))] = s["prediction"]
-    return out
+        key = (s["index"], s.get("sample", 0))
+        predictions[key] = s["prediction"]
+        if "completion" in s:
+            digests[key] = hashlib.sha1(s["completion"].encode()).hexdigest()
+    return predictions, digests
 
 
 def _agreement(runs: pd.DataFrame, predictions: dict) -> list[float | None]:

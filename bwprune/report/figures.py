@@ -126,8 +126,12 @@ def pareto(runs: pd.DataFrame, y: str) -> Figure:
 
 def stream_fidelity(runs: pd.DataFrame) -> Figure:
     """KL to dense (top) and realized cost (c) (bottom) of each method in static batches and
-    continuously batched, bar beside bar; one column per batch size (`report.stream`)."""
+    continuously batched, bar beside bar; one column per batch size (`report.stream`), at the
+    largest evaluation (most problems) of each batch size."""
     pairs = stream_pairs(runs)
+    if len(pairs):
+        most = pairs.groupby(["benchmark", "model", "batch_size"])["problems"].transform("max")
+        pairs = pairs[pairs["problems"] == most]
     sizes = sorted(set(pairs["batch_size"])) if len(pairs) else []
     fig = Figure(figsize=(4.2 * max(1, len(sizes)) + 0.5, 6.2), layout="constrained")
     axes = fig.subplots(2, max(1, len(sizes)), squeeze=False)
@@ -239,3 +243,32 @@ def refiring(trace: dict) -> Figure:
 
 
 TRACE_FIGURES = {"sparsity_steps": sparsity_over_steps, "refire": refiring}
+
+
+def collapse_control(control: pd.DataFrame) -> Figure:
+    """KL to dense (top) and completions identical to batch 1 (bottom) vs batch size, one line
+    per curve of `report.control` (shared mask, per row, per row batch-invariant); one column
+    per method and evaluation: the collapse apart from float noise."""
+    columns = sorted(set(zip(control["method"], control["problems"], control["max_new_tokens"])),
+                     key=str)  # fmt: skip
+    fig = Figure(figsize=(4.6 * max(1, len(columns)) + 0.5, 6.4), layout="constrained")
+    axes = fig.subplots(2, max(1, len(columns)), squeeze=False)
+    if not columns:
+        axes[0][0].text(0.5, 0.5, "no batch-invariant runs", ha="center", va="center")
+    rows = (("kl", "KL to dense"), ("identical", "completions identical\nto the smallest batch"))
+    for c, (method, problems, tokens) in enumerate(columns):
+        one = control[(control["method"] == method) & (control["problems"] == problems)
+                      & (control["max_new_tokens"] == tokens)]  # fmt: skip
+        for r, (col, name) in enumerate(rows):
+            ax = axes[r][c]
+            for style, (curve, line) in zip(("o-", "s--", "^:", "d-."), one.groupby("label")):
+                line = line.sort_values("batch_size")
+                ax.plot(line["batch_size"], line[col], style, label=curve)
+            ax.set(xlabel="batch size", ylabel=name)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted(one["batch_size"].unique()))
+            ax.get_xaxis().set_major_formatter("{x:g}")
+            ax.grid(alpha=0.3)
+        axes[0][c].set_title(f"{method}, {problems} problems, {tokens} tokens", fontsize=9)
+        axes[0][c].legend(fontsize=7)
+    return fig

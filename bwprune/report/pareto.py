@@ -22,6 +22,7 @@ METRICS = {
     "nll_increase": "NLL increase over dense",
     "agreement": "agreement with dense",
     "accuracy": "accuracy",
+    "time_to_answer": "time-to-answer speedup over dense",  # runs with a paired timing only
 }
 SETTING = ("benchmark", "model", "problems", "batch_size")  # one panel (figure) or row group
 CURVE = (*SETTING, "method")

@@ -23,10 +23,12 @@ import pandas as pd
 
 from bwprune.report.cells import check_cells, largest_evaluations
 from bwprune.report.collect import method_variant
+from bwprune.report.control import MEASURES as CONTROL_MEASURES
+from bwprune.report.control import control_runs, protocol_runs
 from bwprune.report.pareto import CURVE, X, curves, interpolate
 from bwprune.report.speed_table import SPEED_COLUMNS, table_cells
 from bwprune.report.stream import MEASURES as STREAM_MEASURES
-from bwprune.report.stream import static_runs, stream_pairs
+from bwprune.report.stream import stream_pairs
 
 FOOTNOTE = (
     "n = problems; values are means over seeds; acc = accuracy (pass@1; an unscorable sample "
@@ -135,9 +137,9 @@ def default_variants(conf_dir: str | Path, runs: pd.DataFrame) -> dict[str, str]
 
 
 def default_runs(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
-    """Generation runs of each method's default variant in static batches, every evaluation
-    size (the collapse); continuously batched runs have their own view (`stream_table`)."""
-    return _defaults_only(static_runs(runs[runs["perplexity"].isna()]), defaults)
+    """Generation runs of each method's default variant in the papers' protocol, every evaluation
+    size (the collapse); streams and the batch-invariant control have their own views."""
+    return _defaults_only(protocol_runs(runs[runs["perplexity"].isna()]), defaults)
 
 
 def default_cells(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
@@ -257,7 +259,8 @@ def ablation_table(runs: pd.DataFrame, defaults: dict[str, str], argument: str) 
 
 
 # Pareto table columns: load_runs column -> short label.
-PARETO_COLUMNS = {"kl": "KL", "nll_increase": "ΔNLL", "agreement": "agree", "accuracy": "acc"}
+PARETO_COLUMNS = {"kl": "KL", "nll_increase": "ΔNLL", "agreement": "agree", "accuracy": "acc",
+                  "time_to_answer": "TTA"}  # fmt: skip
 
 
 def pareto_table(runs: pd.DataFrame, defaults: dict[str, str], at: Sequence[float]) -> Table:
@@ -282,7 +285,10 @@ def pareto_table(runs: pd.DataFrame, defaults: dict[str, str], at: Sequence[floa
         f"Measures at realized cost (c) = {', '.join(f'{v:g}' for v in at)}, parameters skipped "
         "per decode token, read off each method's curve through its runs at several ρ by linear "
         "interpolation; – where the curve does not reach the value (never extrapolated); (c) "
-        "min/max: the span of its runs. ΔNLL = NLL increase over dense. " + FOOTNOTE
+        "min/max: the span of its runs. ΔNLL = NLL increase over dense. TTA = time-to-answer "
+        "speedup over the matching dense run (paired per-step timing scaled by each run's own "
+        "decode steps, bwprune/speedup.py; runs timed with `scripts/measure_speedup.py` where "
+        "they ran with speed.paired=false). " + FOOTNOTE
     )
     return Table("Pareto: measures at common realized cost (c)", frame, list(sel["run_key"]),
                  note, sample_outcomes(sel))  # fmt: skip
@@ -314,6 +320,23 @@ def stream_table(runs: pd.DataFrame) -> Table:
     return _table("Streams: continuous vs static batching", frame, used, note)
 
 
+def control_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
+    """The batch-invariant control next to the batched runs of the same method and evaluation,
+    one row per curve (`bwprune.report.control`)."""
+    sel = control_runs(runs, defaults)
+    index = ["benchmark", "model", "n", "tokens", "target_sparsity", "label"]
+    sel = _evaluations(sel)
+    table = _wide(sel, index, "batch_size", CONTROL_MEASURES) if len(sel) else sel
+    note = (
+        "Per method: its default variant in batches (the papers' protocol: a shared mask, plus "
+        "float noise), its per-row variant in batches (float noise only) and the same computed "
+        "row by row (`generation.batch_invariant=true`: neither). same = fraction of samples "
+        "whose completion is the same text as in the curve's run at its smallest batch size. "
+        + FOOTNOTE
+    )
+    return _table("Batch-invariant control (KL to dense vs batch size)", table, sel, note)
+
+
 def runs_table(runs: pd.DataFrame) -> Table:
     """Every recorded run, one line each, target vs realized sparsity side by side."""
     table = runs.sort_values(["benchmark", "model", "method", "batch_size", "target_sparsity"])
@@ -332,14 +355,16 @@ def speed_table(name: str, rows: list[dict]) -> Table:
 
 def all_tables(runs: pd.DataFrame, defaults: dict[str, str]) -> dict[str, Table]:
     """File stem -> table, for `make tables`; all but `runs` and `batch_size` use one run per
-    cell; runs in static batches only, but in `runs` and `stream` (continuous beside static)."""
+    cell; runs in the papers' protocol only (`protocol_runs`), but in `runs`, `stream`
+    (continuous beside static) and `batch_control` (batch-invariant beside batched)."""
     every = runs
-    runs = static_runs(runs)
+    runs = protocol_runs(runs)
     generation = runs[runs["perplexity"].isna()]
     cells = largest_evaluations(generation)
     tables = {
         "runs": runs_table(every),
         "stream": stream_table(every),
+        "batch_control": control_table(every, defaults),
         "main": main_table(cells, defaults),
         "batch_size": batch_table(generation, defaults),
         "sparsity": sparsity_table(cells, defaults),

@@ -1,0 +1,86 @@
+"""The batch-invariant control: what a batch-shared mask does to a method, apart from float noise.
+
+A method that is not batch-coupled (TEAL or CATS per token, `shared_mask=false`) still moves with
+the batch size when rows are computed together: batched matmuls round differently (~1e-6),
+near-threshold activations flip, and the flips compound over a generation. Computed alone
+(`generation.batch_invariant=true`), a row gives the same bits at every batch size. So three
+curves per method separate the two causes of the collapse:
+
+- the method's default variant, batched (the papers' protocol): the shared mask and the noise;
+- its per-row variant, batched: the noise only;
+- its per-row variant, batch-invariant: neither, flat by construction (the control).
+
+Every other table and figure uses the papers' protocol only (`protocol_runs`). Pure pandas on
+`load_runs` output.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from bwprune.report.stream import static_runs
+
+# The evaluation a control curve is drawn on: runs on different problems are never joined.
+EVALUATION = ("benchmark", "model", "method", "problems", "max_new_tokens", "target_sparsity")
+# Shown per batch size: column -> label.
+MEASURES = {"kl": "KL", "identical": "same", "realized_ffn": "(a)"}
+
+
+def invariant(runs: pd.DataFrame) -> pd.Series:
+    """Which runs computed each row alone (`generation.batch_invariant`; older runs did not)."""
+    if "batch_invariant" not in runs:
+        return pd.Series(False, index=runs.index)
+    return runs["batch_invariant"].fillna(False).astype(bool)
+
+
+def protocol_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs in the papers' protocol: static batches whose rows are computed together.
+    Streams (`report.stream`) and the batch-invariant control (here) have views of their own."""
+    runs = static_runs(runs)
+    return runs[~invariant(runs)]
+
+
+def label(method: str, variant: str, default: str | None, batch_invariant: bool) -> str:
+    """`teal`, `teal shared_mask=false`, `teal shared_mask=false, batch-invariant`: the method,
+    the arguments in which its variant differs from its default, and how rows were computed."""
+    mine, base = json.loads(variant), json.loads(default) if default else {}
+    changed = " ".join(
+        f"{k}={json.dumps(v)}" for k, v in sorted(mine.items()) if base.get(k, v) != v
+    )
+    return f"{method} {changed}".strip() + (", batch-invariant" if batch_invariant else "")
+
+
+def control_runs(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
+    """Static generation runs at every evaluation (`EVALUATION`) where a method has a
+    batch-invariant run, with `label` (`label`) and `identical`: the fraction of samples whose
+    completion is the same text as in that label's run at the smallest batch size (1.0 there).
+    `defaults`: `<model>/<method>` -> default variant (`tables.default_variants`)."""
+    runs = static_runs(runs[runs["perplexity"].isna()])
+    flagged = invariant(runs)
+    if runs.empty or not flagged.any():
+        return runs.iloc[0:0].assign(label=[], identical=[])
+    wanted = set(runs.loc[flagged, list(EVALUATION)].itertuples(index=False, name=None))
+    sel = runs[[tuple(row) in wanted for row in runs[list(EVALUATION)].itertuples(index=False)]]
+    sel = sel.copy()
+    sel["label"] = [
+        label(r.method, r.variant, defaults.get(f"{r.model}/{r.method}"), flag)
+        for r, flag in zip(sel.itertuples(), invariant(sel))
+    ]
+    sel["identical"] = _identical_to_smallest(sel)
+    return sel.sort_values([*EVALUATION, "label", "batch_size"])
+
+
+def _identical_to_smallest(sel: pd.DataFrame) -> list[float | None]:
+    """Per run, the fraction of its samples whose completion digest equals the one of the same
+    sample in the run of its label and evaluation at the smallest batch size."""
+    out = []
+    for _, run in sel.iterrows():
+        same = sel[(sel[list(EVALUATION)] == run[list(EVALUATION)]).all(axis=1)
+                   & (sel["label"] == run["label"])]  # fmt: skip
+        first = same.loc[same["batch_size"].idxmin(), "completions"]
+        mine = run["completions"]
+        common = [k for k in mine if k in first]
+        out.append(sum(mine[k] == first[k] for k in common) / len(common) if common else None)
+    return out
