@@ -26,6 +26,7 @@ from bwprune.report.stream import static_runs
 EVALUATION = ("benchmark", "model", "method", "problems", "max_new_tokens", "target_sparsity")
 # Shown per batch size: column -> label.
 MEASURES = {"kl": "KL", "identical": "same", "realized_ffn": "(a)"}
+INVARIANT = ", batch-invariant"  # the label suffix of a batch-invariant curve
 
 
 def invariant(runs: pd.DataFrame) -> pd.Series:
@@ -49,7 +50,7 @@ def label(method: str, variant: str, default: str | None, batch_invariant: bool)
     changed = " ".join(
         f"{k}={json.dumps(v)}" for k, v in sorted(mine.items()) if base.get(k, v) != v
     )
-    return f"{method} {changed}".strip() + (", batch-invariant" if batch_invariant else "")
+    return f"{method} {changed}".strip() + (INVARIANT if batch_invariant else "")
 
 
 def control_runs(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
@@ -68,8 +69,24 @@ def control_runs(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
         label(r.method, r.variant, defaults.get(f"{r.model}/{r.method}"), flag)
         for r, flag in zip(sel.itertuples(), invariant(sel))
     ]
+    sel = _batch_one_in_both(sel)
     sel["identical"] = _identical_to_smallest(sel)
-    return sel.sort_values([*EVALUATION, "label", "batch_size"])
+    return sel.sort_values([*EVALUATION, "label", "batch_size"]).reset_index(drop=True)
+
+
+def _batch_one_in_both(sel: pd.DataFrame) -> pd.DataFrame:
+    """At batch 1 a row is alone whatever the flag (the runner takes the same path): a batch-1
+    run is the batch-1 point of both curves of its variant, batched and batch-invariant, where
+    only one of the two was run at batch 1."""
+    base = sel["label"].str.removesuffix(INVARIANT)
+    copies = []
+    for _, curves in sel.groupby([*EVALUATION, base.rename("base")]):
+        labels = set(curves["label"])
+        ones = curves[curves["batch_size"] == 1]
+        if len(labels) == 2 and len(set(ones["label"])) == 1:
+            other = (labels - set(ones["label"])).pop()
+            copies.append(ones.assign(label=other))
+    return pd.concat([sel, *copies], ignore_index=True)
 
 
 def _identical_to_smallest(sel: pd.DataFrame) -> list[float | None]:

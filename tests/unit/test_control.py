@@ -18,20 +18,22 @@ from tests.conftest import CONF_DIR, compose_cfg
 
 BASE = ["model=tiny_llama", "method=teal", "limit=4", "generation.max_new_tokens=16",
         "quality.enabled=true", "quality.max_tokens=8", "calibration.num_sequences=2"]  # fmt: skip
+# Curve label -> its overrides and the batch sizes run; per row in batches has no batch-1 run of
+# its own (at batch 1 a row is alone either way: the batch-invariant run is its point).
 CURVES = {
-    "teal": [],
-    "teal shared_mask=false": ["method.shared_mask=false"],
-    "teal shared_mask=false, batch-invariant": [
-        "method.shared_mask=false", "generation.batch_invariant=true"
-    ],
+    "teal": ([], (1, 4)),
+    "teal shared_mask=false": (["method.shared_mask=false"], (4,)),
+    "teal shared_mask=false, batch-invariant": (
+        ["method.shared_mask=false", "generation.batch_invariant=true"], (1, 4)
+    ),
 }  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("control")
-    for extra in CURVES.values():
-        for batch in (1, 4):
+    for extra, sizes in CURVES.values():
+        for batch in sizes:
             run(compose_cfg([*BASE, *extra, f"batch_size={batch}", "speed.paired=false"], root))
     run(compose_cfg(["model=tiny_llama", "method=dense", "limit=4", "batch_size=4",
                      "generation.max_new_tokens=16", "speed.paired=false"], root))  # fmt: skip
@@ -46,6 +48,9 @@ def test_the_control_curve_is_the_same_bits_at_every_batch_size(runs):
     assert list(flat["batch_size"]) == [1, 4] and list(flat["identical"]) == [1.0, 1.0]
     assert flat["kl"].iloc[0] == flat["kl"].iloc[1]
     assert (control[control["batch_size"] == 1]["identical"] == 1.0).all()
+    batched = control[control["label"] == "teal shared_mask=false"]
+    assert list(batched["batch_size"]) == [1, 4]  # batch 1 taken from the batch-invariant curve
+    assert batched["run_key"].iloc[0] == flat["run_key"].iloc[0]
     assert collapse_control(control).axes  # draws
 
 
