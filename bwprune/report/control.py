@@ -22,8 +22,8 @@ import pandas as pd
 
 from bwprune.report.stream import static_runs
 
-# The evaluation a control curve is drawn on: runs on different problems are never joined.
-EVALUATION = ("benchmark", "model", "method", "problems", "max_new_tokens", "target_sparsity")
+# Shown with each curve's evaluation: what a reader needs to tell two panels apart.
+SHOWN = ("benchmark", "model", "method", "problems", "max_new_tokens", "target_sparsity")
 # Shown per batch size: column -> label.
 MEASURES = {"kl": "KL", "identical": "same", "realized_ffn": "(a)"}
 INVARIANT = ", batch-invariant"  # the label suffix of a batch-invariant curve
@@ -53,34 +53,49 @@ def label(method: str, variant: str, default: str | None, batch_invariant: bool)
     return f"{method} {changed}".strip() + (INVARIANT if batch_invariant else "")
 
 
+def evaluation(run: pd.Series) -> str:
+    """What a run's curves share: its settings and quality settings without the batch size, the
+    batch-invariant flag and its method's variant arguments (those make the curves). Curves
+    drawn together were computed alike in everything else (calibration, limit, lengths)."""
+    ident = json.loads(run["settings"])
+    ident.pop("batch_size", None)
+    ident.get("generation", {}).pop("batch_invariant", None)
+    variant = json.loads(run["variant"])
+    method = {k: v for k, v in ident.pop("method", {}).items() if k not in variant}
+    keys = [run["benchmark"], run["model"], run["method"], method, ident, run["measured"]]
+    return json.dumps(keys, sort_keys=True, default=str)
+
+
 def control_runs(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
-    """Static generation runs at every evaluation (`EVALUATION`) where a method has a
-    batch-invariant run, with `label` (`label`) and `identical`: the fraction of samples whose
-    completion is the same text as in that label's run at the smallest batch size (1.0 there).
-    `defaults`: `<model>/<method>` -> default variant (`tables.default_variants`)."""
+    """Static generation runs at every `evaluation` where a method has a batch-invariant run,
+    with `evaluation`, `label` (`label`) and `identical`: the fraction of samples whose
+    completion is the same text as in the run of the same curve and seed at the smallest batch
+    size (1.0 there). `defaults`: `<model>/<method>` -> default variant
+    (`tables.default_variants`)."""
     runs = static_runs(runs[runs["perplexity"].isna()])
     flagged = invariant(runs)
     if runs.empty or not flagged.any():
-        return runs.iloc[0:0].assign(label=[], identical=[])
-    wanted = set(runs.loc[flagged, list(EVALUATION)].itertuples(index=False, name=None))
-    sel = runs[[tuple(row) in wanted for row in runs[list(EVALUATION)].itertuples(index=False)]]
-    sel = sel.copy()
+        return runs.iloc[0:0].assign(evaluation=[], label=[], identical=[])
+    runs = runs.assign(evaluation=[evaluation(r) for _, r in runs.iterrows()])
+    sel = runs[runs["evaluation"].isin(set(runs.loc[flagged, "evaluation"]))].copy()
     sel["label"] = [
         label(r.method, r.variant, defaults.get(f"{r.model}/{r.method}"), flag)
         for r, flag in zip(sel.itertuples(), invariant(sel))
     ]
     sel = _batch_one_in_both(sel)
     sel["identical"] = _identical_to_smallest(sel)
-    return sel.sort_values([*EVALUATION, "label", "batch_size"]).reset_index(drop=True)
+    return sel.sort_values([*SHOWN, "evaluation", "label", "batch_size", "seed"]).reset_index(
+        drop=True
+    )
 
 
 def _batch_one_in_both(sel: pd.DataFrame) -> pd.DataFrame:
     """At batch 1 a row is alone whatever the flag (the runner takes the same path): a batch-1
     run is the batch-1 point of both curves of its variant, batched and batch-invariant, where
     only one of the two was run at batch 1."""
-    base = sel["label"].str.removesuffix(INVARIANT)
+    base = sel["label"].str.removesuffix(INVARIANT).rename("base")
     copies = []
-    for _, curves in sel.groupby([*EVALUATION, base.rename("base")]):
+    for _, curves in sel.groupby(["evaluation", base]):
         labels = set(curves["label"])
         ones = curves[curves["batch_size"] == 1]
         if len(labels) == 2 and len(set(ones["label"])) == 1:
@@ -91,13 +106,13 @@ def _batch_one_in_both(sel: pd.DataFrame) -> pd.DataFrame:
 
 def _identical_to_smallest(sel: pd.DataFrame) -> list[float | None]:
     """Per run, the fraction of its samples whose completion digest equals the one of the same
-    sample in the run of its label and evaluation at the smallest batch size."""
+    sample in the run of its curve (evaluation and label) and seed at the smallest batch size."""
+    smallest = {}
+    for _, run in sel.sort_values("batch_size", kind="stable").iterrows():
+        smallest.setdefault((run["evaluation"], run["label"], run["seed"]), run["completions"])
     out = []
     for _, run in sel.iterrows():
-        same = sel[(sel[list(EVALUATION)] == run[list(EVALUATION)]).all(axis=1)
-                   & (sel["label"] == run["label"])]  # fmt: skip
-        first = same.loc[same["batch_size"].idxmin(), "completions"]
-        mine = run["completions"]
+        first, mine = smallest[(run["evaluation"], run["label"], run["seed"])], run["completions"]
         common = [k for k in mine if k in first]
         out.append(sum(mine[k] == first[k] for k in common) / len(common) if common else None)
     return out

@@ -6,6 +6,8 @@ method looks the same in every figure.
 
 from __future__ import annotations
 
+import itertools
+
 import pandas as pd
 from matplotlib.figure import Figure
 
@@ -111,6 +113,8 @@ def pareto(runs: pd.DataFrame, y: str) -> Figure:
     for r, (bench, model, problems) in enumerate(rows):
         for c, size in enumerate(sizes):
             ax = axes[r][c]
+            if y in pv.DENSE and ax.has_data():  # dense is its own reference
+                ax.plot([0.0], [pv.DENSE[y]], "*", color="k", markersize=10, label="dense")
             if not ax.has_data():
                 ax.text(0.5, 0.5, f"no runs with {y}", ha="center", va="center")
             ax.set(title=f"{bench}, {model}, {problems} problems, batch {size}",
@@ -247,28 +251,31 @@ TRACE_FIGURES = {"sparsity_steps": sparsity_over_steps, "refire": refiring}
 
 def collapse_control(control: pd.DataFrame) -> Figure:
     """KL to dense (top) and completions identical to batch 1 (bottom) vs batch size, one line
-    per curve of `report.control` (shared mask, per row, per row batch-invariant); one column
-    per method and evaluation: the collapse apart from float noise."""
-    columns = sorted(set(zip(control["method"], control["problems"], control["max_new_tokens"])),
-                     key=str)  # fmt: skip
-    fig = Figure(figsize=(4.6 * max(1, len(columns)) + 0.5, 6.4), layout="constrained")
-    axes = fig.subplots(2, max(1, len(columns)), squeeze=False)
-    if not columns:
+    per curve of `report.control` (shared mask, per row, per row batch-invariant; seeds
+    averaged); one column per method and evaluation: the collapse apart from float noise."""
+    evaluations = list(dict.fromkeys(control["evaluation"]))  # in the frame's (sorted) order
+    fig = Figure(figsize=(4.6 * max(1, len(evaluations)) + 0.5, 6.4), layout="constrained")
+    axes = fig.subplots(2, max(1, len(evaluations)), squeeze=False)
+    if not evaluations:
         axes[0][0].text(0.5, 0.5, "no batch-invariant runs", ha="center", va="center")
     rows = (("kl", "KL to dense"), ("identical", "completions identical\nto the smallest batch"))
-    for c, (method, problems, tokens) in enumerate(columns):
-        one = control[(control["method"] == method) & (control["problems"] == problems)
-                      & (control["max_new_tokens"] == tokens)]  # fmt: skip
+    for c, key in enumerate(evaluations):
+        one = control[control["evaluation"] == key]
         for r, (col, name) in enumerate(rows):
             ax = axes[r][c]
-            for style, (curve, line) in zip(("o-", "s--", "^:", "d-."), one.groupby("label")):
-                line = line.sort_values("batch_size")
-                ax.plot(line["batch_size"], line[col], style, label=curve)
+            styles = itertools.cycle(("o-", "s--", "^:", "d-.", "v-", "x--"))
+            for (curve, points), style in zip(one.groupby("label"), styles):
+                line = points.groupby("batch_size")[col].mean()
+                ax.plot(line.index, line.values, style, label=curve)
             ax.set(xlabel="batch size", ylabel=name)
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted(one["batch_size"].unique()))
             ax.get_xaxis().set_major_formatter("{x:g}")
             ax.grid(alpha=0.3)
-        axes[0][c].set_title(f"{method}, {problems} problems, {tokens} tokens", fontsize=9)
+        first = one.iloc[0]
+        title = (f"{first['benchmark']}, {first['model']}, {first['method']} ρ "
+                 f"{first['target_sparsity']:g}\n{first['problems']} problems, "
+                 f"{first['max_new_tokens']} tokens")  # fmt: skip
+        axes[0][c].set_title(title, fontsize=9)
         axes[0][c].legend(fontsize=7)
     return fig

@@ -334,7 +334,8 @@ def control_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
         "whose completion is the same text as in the curve's run at its smallest batch size. "
         + FOOTNOTE
     )
-    return _table("Batch-invariant control (KL to dense vs batch size)", table, sel, note)
+    used = sel.drop_duplicates("run_key")  # a batch-1 run may be the point of two curves
+    return _table("Batch-invariant control (KL to dense vs batch size)", table, used, note)
 
 
 def runs_table(runs: pd.DataFrame) -> Table:

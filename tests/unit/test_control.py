@@ -71,3 +71,18 @@ def test_labels_name_what_differs_from_the_default_only():
     assert label("teal", default, default, False) == "teal"
     per_row = '{"aggregate": "mean", "shared_mask": false}'
     assert label("cats", per_row, default, True) == "cats shared_mask=false, batch-invariant"
+
+
+def test_curves_join_only_runs_computed_alike(runs):
+    """A batched run made with other settings (here: more calibration text) is not a point of
+    the control's curves: it has no batch-invariant run of its own to be controlled by."""
+    other = runs.copy()
+    per_row = other["variant"].str.contains('"shared_mask": false') & ~other["batch_invariant"]
+    moved = other.loc[per_row, "settings"].str.replace(
+        '"max_new_tokens": 16', '"max_new_tokens": 17'
+    )
+    assert (moved != other.loc[per_row, "settings"]).all()
+    other.loc[per_row, "settings"] = moved
+    control = control_runs(other, default_variants(CONF_DIR, other))
+    assert "teal shared_mask=false" not in set(control["label"])  # no curve of one borrowed point
+    assert len(control) == 4  # teal at 1 and 4, batch-invariant at 1 and 4
