@@ -327,6 +327,11 @@ def control_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
     index = ["benchmark", "model", "n", "tokens", "target_sparsity", "label"]
     sel = _evaluations(sel)
     table = _wide(sel, index, "batch_size", CONTROL_MEASURES) if len(sel) else sel
+    if len(sel):  # measures in CONTROL_MEASURES order, batch sizes ascending within each
+        names = CONTROL_MEASURES.values()
+        table = table[
+            [*index, *(c for n in names for c in table.columns if c.startswith(f"{n} B="))]
+        ]
     note = (
         "Per method: its default variant in batches (the papers' protocol: a shared mask, plus "
         "float noise), its per-row variant in batches (float noise only) and the same computed "
