@@ -36,12 +36,18 @@ def check_cells(runs: pd.DataFrame, keys: list[str]) -> None:
 
 
 def largest_evaluations(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per cell, the runs of the setting with the most problems (every seed of it); two
-    settings tied at the most problems are a conflict (`check_cells`)."""
+    """Per cell, the runs of the setting with the most problems and, among those, the longest
+    generations (every seed of it): the fullest measurement of the cell, where a shorter one
+    was made for another view (the stream experiment's static twins at 64 tokens beside the main
+    table's 128). Two settings still tied are a conflict (`check_cells`)."""
     if runs.empty:
         return runs
     most = runs.groupby(list(CELL), dropna=False)["problems"].transform("max")
     chosen = runs[(runs["problems"] == most).fillna(False)]
+    if "max_new_tokens" in chosen:
+        tokens = chosen["max_new_tokens"]
+        longest = tokens.groupby([chosen[c] for c in CELL], dropna=False).transform("max")
+        chosen = chosen[(tokens == longest) | longest.isna()]
     check_cells(chosen, list(CELL))
     return chosen
 

@@ -155,14 +155,17 @@ def test_collapse_draws_the_largest_swept_evaluation_only():
 
 def test_a_cell_never_averages_runs_of_different_settings(tmp_path):
     """Same method, batch and problems, another `generation.max_new_tokens`: not one cell (the
-    batch table gives each evaluation its own row); another setting in one row is an error."""
+    batch table gives each evaluation its own row; a one-run-per-cell table takes the longer
+    generations); another setting in one row is an error."""
     base = ["model=tiny_llama", "method=ours", "limit=2", "batch_size=2"]
     for tokens in (24, 16):
         run(compose_cfg([*base, f"generation.max_new_tokens={tokens}"], tmp_path))
     runs = load_runs(tmp_path / "runs")
     assert sorted(batch_table(runs, default_variants(CONF_DIR, runs)).frame["tokens"]) == [16, 24]
+    assert list(largest_evaluations(runs)["max_new_tokens"]) == [24]
+    run(compose_cfg([*base, "generation.max_new_tokens=24", "generation.top_p=0.9"], tmp_path))
     with pytest.raises(UserError, match="one table cell would average runs of different settings"):
-        largest_evaluations(runs)
+        largest_evaluations(load_runs(tmp_path / "runs"))
     run(compose_cfg([*base, "generation.max_new_tokens=16", "generation.top_p=0.9"], tmp_path))
     runs = load_runs(tmp_path / "runs")
     with pytest.raises(UserError, match=r"differ in generation.top_p \((1.0|0.9) vs"):
