@@ -90,18 +90,18 @@ def accuracy_vs_realized_sparsity(runs: pd.DataFrame) -> Figure:
 def pareto(runs: pd.DataFrame, y: str) -> Figure:
     """`y` (a `pareto.METRICS` key) against realized cost (c): one curve per method through its
     runs at several ρ (each point labelled with its ρ), dense as the star at (c) = 0; one panel
-    per batch size, one row of panels per benchmark, model and evaluation size."""
+    per batch size, one row of panels per benchmark, model and evaluation (problems, tokens)."""
     found = pv.curves(runs, y)
-    rows = sorted({key[:3] for key in found}, key=str)  # (benchmark, model, problems)
-    sizes = sorted({key[3] for key in found})  # batch sizes
+    rows = sorted({key[:4] for key in found}, key=str)  # (benchmark, model, problems, tokens)
+    sizes = sorted({key[4] for key in found})  # batch sizes
     fig = Figure(figsize=(3.6 * max(1, len(sizes)) + 1.6, 3.4 * max(1, len(rows))),
                  layout="constrained")  # fmt: skip
     axes = fig.subplots(max(1, len(rows)), max(1, len(sizes)), squeeze=False)
     if not found:
         axes[0][0].text(0.5, 0.5, f"no runs with {y} and realized (c)", ha="center", va="center")
     colours = {m: f"C{i}" for i, m in enumerate(_methods(runs))}
-    for (bench, model, problems, size, method), curve in found.items():
-        ax = axes[rows.index((bench, model, problems))][sizes.index(size)]
+    for (*evaluation, size, method), curve in found.items():
+        ax = axes[rows.index(tuple(evaluation))][sizes.index(size)]
         x, values = curve[pv.X], curve[y]
         if method == "dense":
             ax.plot(x, values, "*", color="k", markersize=10, label="dense")
@@ -110,14 +110,14 @@ def pareto(runs: pd.DataFrame, y: str) -> Figure:
         for rho, px, py in zip(curve["target_sparsity"], x, values):
             ax.annotate(f"{rho:g}", (px, py), xytext=(3, 3), textcoords="offset points",
                         fontsize=6, color=colours[method])  # fmt: skip
-    for r, (bench, model, problems) in enumerate(rows):
+    for r, (bench, model, problems, tokens) in enumerate(rows):
         for c, size in enumerate(sizes):
             ax = axes[r][c]
             if y in pv.DENSE and ax.has_data():  # dense is its own reference
                 ax.plot([0.0], [pv.DENSE[y]], "*", color="k", markersize=10, label="dense")
             if not ax.has_data():
                 ax.text(0.5, 0.5, f"no runs with {y}", ha="center", va="center")
-            ax.set(title=f"{bench}, {model}, {problems} problems, batch {size}",
+            ax.set(title=f"{bench}, {model}\n{problems} problems, {tokens} tokens, batch {size}",
                    xlabel=pv.X_LABEL, ylabel=pv.METRICS[y])  # fmt: skip
             ax.title.set_fontsize(9)
             ax.grid(alpha=0.3)

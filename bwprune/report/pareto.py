@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from bwprune.report.cells import check_cells
+
 X = "realized_params"
 X_LABEL = "parameters skipped per decode token (c)"
 # The measures against (c): load_runs column -> label.
@@ -26,15 +28,26 @@ METRICS = {
 }
 # Dense's own value of a measure its runs do not carry: a speedup over dense is 1 for dense.
 DENSE = {"time_to_answer": 1.0}
-SETTING = ("benchmark", "model", "problems", "batch_size")  # one panel (figure) or row group
+# One panel (figure) or row group: an evaluation (problems, generation length) at a batch size.
+SETTING = ("benchmark", "model", "problems", "max_new_tokens", "batch_size")
 CURVE = (*SETTING, "method")
 
 
 def curves(runs: pd.DataFrame, y: str) -> dict[tuple, pd.DataFrame]:
     """CURVE key -> its points (`target_sparsity`, X, `y`) in order of X: the seeds of a ρ
-    averaged, runs that did not measure `y` left out."""
+    averaged (one setting per point, `check_cells`), runs that did not measure `y` left out.
+
+    Every evaluation size is its own curve, so a curve keeps all its ρ even where a larger
+    evaluation measured one of them (one-run-per-cell selection would take that point away).
+    Settings where no method was run at two ρ or more (a ρ-0.5-only batch sweep, a stream
+    experiment's static twins) are no Pareto sweep and are left out, dense with them."""
     measured = runs[runs[y].notna() & runs[X].notna()]
+    check_cells(measured, [*CURVE, "variant", "target_sparsity"])
     points = measured.groupby([*CURVE, "target_sparsity"], as_index=False)[[X, y]].mean()
+    rhos = points.groupby(list(CURVE))["target_sparsity"].transform("nunique")
+    swept = set(points.loc[rhos > 1, list(SETTING)].itertuples(index=False, name=None))
+    rows = [tuple(r) in swept for r in points[list(SETTING)].itertuples(index=False, name=None)]
+    points = points[pd.Series(rows, index=points.index, dtype=bool)]
     return {key: part.sort_values(X) for key, part in points.groupby(list(CURVE))}
 
 

@@ -267,9 +267,13 @@ def pareto_table(runs: pd.DataFrame, defaults: dict[str, str], at: Sequence[floa
     """Each measure read off each method's curve at the common realized costs (c) `at`
     (`bwprune.report.pareto`): methods compared at one cost, where one ρ costs each a different
     amount. A curve that does not reach a value leaves its cell blank (never extrapolated)."""
-    sel = default_cells(runs, defaults)
+    sel = default_runs(runs, defaults)  # every evaluation size: each is its own curve
     sel = sel[(sel["method"] != "dense") & sel[X].notna()]
     on_curves = {y: curves(sel, y) for y in PARETO_COLUMNS}
+    drawn = sorted(set().union(*on_curves.values()), key=str)
+    sel = sel[
+        _rows(sel, [key in drawn for key in sel[list(CURVE)].itertuples(index=False, name=None)])
+    ]
     rows = []
     for key, span in sel.groupby(list(CURVE))[X].agg(["min", "max"]).iterrows():
         row = {**dict(zip(CURVE, key)), "(c) min": span["min"], "(c) max": span["max"]}
@@ -280,7 +284,9 @@ def pareto_table(runs: pd.DataFrame, defaults: dict[str, str], at: Sequence[floa
                     None if points is None else interpolate(points, y, value)
                 )
         rows.append(row)
-    frame = pd.DataFrame(rows).rename(columns={"problems": "n", "batch_size": "B"})
+    frame = pd.DataFrame(rows).rename(
+        columns={"problems": "n", "max_new_tokens": "tokens", "batch_size": "B"}
+    )
     note = (
         f"Measures at realized cost (c) = {', '.join(f'{v:g}' for v in at)}, parameters skipped "
         "per decode token, read off each method's curve through its runs at several ρ by linear "

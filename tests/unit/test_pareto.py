@@ -28,8 +28,11 @@ CURVES = {
 }
 
 
-def write_run(runs_dir: Path, overrides: list[str], params: float, kl: float, agree: int) -> str:
-    """A complete run folder with these realized (c), KL and answers (`agree` of them dense's)."""
+def write_run(
+    runs_dir: Path, overrides: list[str], params: float, kl: float, agree: int, problems: int = 4
+) -> str:
+    """A complete run folder with these realized (c), KL and answers (`agree` of them dense's),
+    recorded as an evaluation of `problems` problems."""
     cfg = compose_cfg(["model=tiny_llama", "limit=4", "quality.enabled=true", *overrides])
     key = run_key(cfg)
     folder = runs_dir / key
@@ -40,7 +43,7 @@ def write_run(runs_dir: Path, overrides: list[str], params: float, kl: float, ag
     (folder / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
     correct = sum(a == "2" for a in answers)  # gold: "2" everywhere
     metrics = {
-        "n": 4, "problems": 4, "accuracy": correct / 4, "correct": correct, "unscorable": 0,
+        "n": 4, "problems": problems, "accuracy": correct / 4, "correct": correct, "unscorable": 0,
         "unscorable_reasons": {}, "target_sparsity": float(cfg.method.get("sparsity", 0.0)),
         "realized_sparsity": {"params": params, "ffn": 2 * params},
         "quality": {"kl": kl, "nll_increase": kl / 2},
@@ -64,7 +67,7 @@ def runs(tmp_path_factory) -> pd.DataFrame:
 
 
 def test_a_value_is_read_off_the_curve_between_its_points_only(runs):
-    ours = curves(runs, "kl")[("gsm8k", "tiny_llama", 4, 1, "ours")]
+    ours = curves(runs, "kl")[("gsm8k", "tiny_llama", 4, 16, 1, "ours")]
     assert list(ours["target_sparsity"]) == [0.3, 0.5, 0.7]
     assert interpolate(ours, "kl", 0.15) == pytest.approx(0.3)
     assert interpolate(ours, "kl", 0.3) == pytest.approx(1.0)  # its last point
@@ -96,7 +99,8 @@ def test_the_table_compares_methods_at_one_cost_and_never_extrapolates(runs):
 def test_the_figure_draws_a_curve_per_method_and_a_panel_per_batch_size(runs, tmp_path):
     fig = figures.pareto(runs, "kl")
     assert [ax.get_title() for ax in fig.axes] == [
-        "gsm8k, tiny_llama, 4 problems, batch 1", "gsm8k, tiny_llama, 4 problems, batch 4",
+        "gsm8k, tiny_llama\n4 problems, 16 tokens, batch 1",
+        "gsm8k, tiny_llama\n4 problems, 16 tokens, batch 4",
     ]  # fmt: skip
     assert {ax.get_xlabel() for ax in fig.axes} == {X_LABEL}
     assert fig.axes[0].get_ylabel() == "KL to dense"
@@ -112,3 +116,21 @@ def test_the_figure_draws_a_curve_per_method_and_a_panel_per_batch_size(runs, tm
 def test_no_runs_with_the_measure_says_so(runs):
     fig = figures.pareto(runs.assign(kl=None), "kl")
     assert "no runs with kl" in fig.axes[0].texts[0].get_text()
+
+
+def test_a_larger_evaluation_at_one_rho_takes_no_point_off_a_curve(tmp_path):
+    """A ρ-0.5-only sweep on more problems (a batch sweep) beside the Pareto sweep: the Pareto
+    curve keeps its own ρ-0.5 point, and the single-ρ setting is no curve of its own."""
+    root = tmp_path / "runs"
+    write_run(root, ["method=dense", "batch_size=1"], 0.0, 0.0, 4)
+    for rho, params, kl, agree in CURVES["ours"]:
+        write_run(root, ["method=ours", f"sparsity={rho}", "batch_size=1"], params, kl, agree)
+    for method in ("dense", "ours"):  # more problems, ρ 0.5 only, another KL
+        write_run(root, [f"method={method}", "batch_size=1", "limit=8"], 0.21, 9.0, 4, problems=8)
+    runs = load_runs(root)
+    table = pareto_table(runs, default_variants(CONF_DIR, runs), [0.2]).frame
+    assert list(table["n"]) == [4]  # the 8-problem setting has one ρ: not a sweep
+    assert table["KL @0.2"].iloc[0] == pytest.approx(0.4)  # its own ρ-0.5 point
+    assert [ax.get_title() for ax in figures.pareto(runs, "kl").axes] == [
+        "gsm8k, tiny_llama\n4 problems, 16 tokens, batch 1"
+    ]
