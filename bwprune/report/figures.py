@@ -57,13 +57,17 @@ def metric_vs(runs: pd.DataFrame, x: str, y: str, xlabel: str, ylabel: str) -> F
 
 
 def largest_sweep(runs: pd.DataFrame, x: str) -> pd.DataFrame:
-    """Per benchmark and model, the runs of the largest evaluation (most problems) that was
-    measured at more than one `x`: one clean curve per method, where every evaluation size at
-    once would crowd the panel (the batch table keeps them all)."""
-    swept = runs.groupby(["benchmark", "model", "problems"])[x].transform("nunique") > 1
-    runs = runs[swept]
-    largest = runs.groupby(["benchmark", "model"])["problems"].transform("max")
-    return runs[runs["problems"] == largest]
+    """Per benchmark and model, the runs of the largest evaluation (most problems, then the
+    longest generations) that was measured at more than one `x`: one clean curve per method,
+    where every evaluation at once would crowd the panel (the batch table keeps them all)."""
+    if "max_new_tokens" not in runs:
+        runs = runs.assign(max_new_tokens=0)
+    evaluation = ["benchmark", "model", "problems", "max_new_tokens"]
+    runs = runs[runs.groupby(evaluation, dropna=False)[x].transform("nunique") > 1]
+    for size in ("problems", "max_new_tokens"):
+        largest = runs.groupby(["benchmark", "model"])[size].transform("max")
+        runs = runs[runs[size] == largest]
+    return runs
 
 
 def collapse(runs: pd.DataFrame, y: str = "agreement", rho: float = 0.5) -> Figure:

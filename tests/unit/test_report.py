@@ -151,6 +151,12 @@ def test_collapse_draws_the_largest_swept_evaluation_only():
     fig = figures.collapse(runs, "kl")
     assert [ax.get_title() for ax in fig.axes] == ["gsm8k, 100 problems"]
     assert [list(line.get_xdata()) for line in fig.axes[0].lines] == [[1, 4]]
+    # the same problems at another generation length (a stream experiment's static twins): the
+    # longer generations are the curve, never an average of both lengths
+    tokens = runs[runs["problems"] == 100].assign(max_new_tokens=128)
+    shorter = tokens.assign(max_new_tokens=64, kl=9.0)
+    chosen = figures.largest_sweep(pd.concat([tokens, shorter]), "batch_size")
+    assert set(chosen["max_new_tokens"]) == {128} and len(chosen) == 2
 
 
 def test_a_cell_never_averages_runs_of_different_settings(tmp_path):
