@@ -35,19 +35,26 @@ def check_cells(runs: pd.DataFrame, keys: list[str]) -> None:
                 )
 
 
+def fullest(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per group of `keys`, the runs of the fullest evaluation: the most problems and, among
+    those, the longest generations (a shorter one was made for another view, as the stream
+    experiment's 64-token static twins beside the main table's 128). Frames without a generation
+    length (perplexity, stream pairs) are ranked by problems only."""
+    most = runs.groupby(keys, dropna=False)["problems"].transform("max")
+    runs = runs[(runs["problems"] == most).fillna(False)]
+    if "max_new_tokens" not in runs:
+        return runs
+    tokens = runs["max_new_tokens"]
+    longest = tokens.groupby([runs[k] for k in keys], dropna=False).transform("max")
+    return runs[(tokens == longest) | longest.isna()]
+
+
 def largest_evaluations(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per cell, the runs of the setting with the most problems and, among those, the longest
-    generations (every seed of it): the fullest measurement of the cell, where a shorter one
-    was made for another view (the stream experiment's static twins at 64 tokens beside the main
-    table's 128). Two settings still tied are a conflict (`check_cells`)."""
+    """Per cell, the runs of its fullest evaluation (`fullest`; every seed of it). Two settings
+    still tied are a conflict (`check_cells`)."""
     if runs.empty:
         return runs
-    most = runs.groupby(list(CELL), dropna=False)["problems"].transform("max")
-    chosen = runs[(runs["problems"] == most).fillna(False)]
-    if "max_new_tokens" in chosen:
-        tokens = chosen["max_new_tokens"]
-        longest = tokens.groupby([chosen[c] for c in CELL], dropna=False).transform("max")
-        chosen = chosen[(tokens == longest) | longest.isna()]
+    chosen = fullest(runs, list(CELL))
     check_cells(chosen, list(CELL))
     return chosen
 

@@ -12,6 +12,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from bwprune.report import pareto as pv
+from bwprune.report.cells import fullest
 from bwprune.report.stream import stream_pairs
 
 METHOD_ORDER = ("dense", "ours", "teal", "cats", "griffin", "wanda", "wanda_unstructured", "trisp")
@@ -57,17 +58,14 @@ def metric_vs(runs: pd.DataFrame, x: str, y: str, xlabel: str, ylabel: str) -> F
 
 
 def largest_sweep(runs: pd.DataFrame, x: str) -> pd.DataFrame:
-    """Per benchmark and model, the runs of the largest evaluation (most problems, then the
-    longest generations) that was measured at more than one `x`: one clean curve per method,
-    where every evaluation at once would crowd the panel (the batch table keeps them all)."""
-    if "max_new_tokens" not in runs:
-        runs = runs.assign(max_new_tokens=0)
+    """Per benchmark and model, the runs of the fullest evaluation (`cells.fullest`: most
+    problems, then the longest generations) that was measured at more than one `x`: one clean
+    curve per method, where every evaluation at once would crowd the panel (the batch table keeps
+    them all)."""
     evaluation = ["benchmark", "model", "problems", "max_new_tokens"]
+    evaluation = [k for k in evaluation if k in runs]
     runs = runs[runs.groupby(evaluation, dropna=False)[x].transform("nunique") > 1]
-    for size in ("problems", "max_new_tokens"):
-        largest = runs.groupby(["benchmark", "model"])[size].transform("max")
-        runs = runs[runs[size] == largest]
-    return runs
+    return fullest(runs, ["benchmark", "model"])
 
 
 def collapse(runs: pd.DataFrame, y: str = "agreement", rho: float = 0.5) -> Figure:
@@ -138,8 +136,7 @@ def stream_fidelity(runs: pd.DataFrame) -> Figure:
     largest evaluation (most problems) of each batch size."""
     pairs = stream_pairs(runs)
     if len(pairs):
-        most = pairs.groupby(["benchmark", "model", "batch_size"])["problems"].transform("max")
-        pairs = pairs[pairs["problems"] == most]
+        pairs = fullest(pairs, ["benchmark", "model", "batch_size"])
     sizes = sorted(set(pairs["batch_size"])) if len(pairs) else []
     fig = Figure(figsize=(4.2 * max(1, len(sizes)) + 0.5, 6.2), layout="constrained")
     axes = fig.subplots(2, max(1, len(sizes)), squeeze=False)

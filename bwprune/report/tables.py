@@ -270,7 +270,7 @@ def pareto_table(runs: pd.DataFrame, defaults: dict[str, str], at: Sequence[floa
     sel = default_runs(runs, defaults)  # every evaluation size: each is its own curve
     sel = sel[(sel["method"] != "dense") & sel[X].notna()]
     on_curves = {y: curves(sel, y) for y in PARETO_COLUMNS}
-    drawn = sorted(set().union(*on_curves.values()), key=str)
+    drawn = set().union(*on_curves.values())  # the curves `curves` keeps (swept settings)
     sel = sel[
         _rows(sel, [key in drawn for key in sel[list(CURVE)].itertuples(index=False, name=None)])
     ]
