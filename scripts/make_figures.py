@@ -8,7 +8,7 @@ from bwprune.errors import UserError
 from bwprune.report import figures
 from bwprune.report.control import control_runs
 from bwprune.report.pareto import METRICS as PARETO_METRICS
-from bwprune.report.tables import default_cells, default_runs, default_variants
+from bwprune.report.tables import default_cells, default_runs, default_variants, pareto_runs
 from bwprune.report.wandb_source import report_config, source_runs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,6 +21,7 @@ def main(overrides: list[str]) -> None:
         if not runs.empty:
             defaults = default_variants(ROOT / "conf", runs)
             cells, every_size = default_cells(runs, defaults), default_runs(runs, defaults)
+            points = pareto_runs(runs, defaults)  # every size, and the matched-cost runs
     except UserError as e:
         sys.exit(f"error: {e}")
     if left_out:
@@ -34,7 +35,7 @@ def main(overrides: list[str]) -> None:
             made[f"collapse_{y}"] = figures.collapse(every_size, y)
         made["accuracy_vs_realized_sparsity"] = figures.accuracy_vs_realized_sparsity(cells)
         for y in PARETO_METRICS:  # each measure against realized (c), a curve per method
-            made[f"pareto_{y}"] = figures.pareto(every_size, y)  # each evaluation its curves
+            made[f"pareto_{y}"] = figures.pareto(points, y)  # each evaluation its curves
         made["drift"] = figures.drift(cells)
         made["stream_kl"] = figures.stream_fidelity(runs)
         made["collapse_control_kl"] = figures.collapse_control(control_runs(runs, defaults))

@@ -117,7 +117,8 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
                 "correct": m.get("correct"),
                 "unscorable": m.get("unscorable"),
                 "unscorable_reasons": m.get("unscorable_reasons"),
-                "target_sparsity": m["target_sparsity"],
+                "target_sparsity": m["target_sparsity"],  # a matched-cost run's: its chosen ρ
+                **_cost_columns(cfg.get("cost"), m.get("cost")),
                 "realized_ffn": rs.get("ffn"),
                 "realized_ffn_sparse_steps": rs.get("ffn_sparse_steps"),
                 "realized_params": rs.get("params"),
@@ -154,6 +155,17 @@ def _speedup_columns(speedup: dict | None) -> dict:
         "speedup_step_min": step.get("min"),
         "speedup_step_max": step.get("max"),
         "speedup_e2e": (s.get("e2e") or {}).get("median"),
+    }
+
+
+def _cost_columns(cost_cfg: dict | None, search: dict | None) -> dict:
+    """A matched-cost run's target (`cost.target`; None for a run at a given ρ), the quantity
+    it names, and what its chosen ρ realized on the calibration problems (`metrics.cost`)."""
+    target = (cost_cfg or {}).get("target")
+    return {
+        "cost_target": target,
+        "cost_quantity": (cost_cfg or {}).get("quantity") if target is not None else None,
+        "cost_realized": (search or {}).get("realized") if target is not None else None,
     }
 
 

@@ -20,6 +20,7 @@ import json
 
 import pandas as pd
 
+from bwprune.report.matched import nominal
 from bwprune.report.stream import static_runs
 
 # Shown with each curve's evaluation: what a reader needs to tell two panels apart.
@@ -36,11 +37,18 @@ def invariant(runs: pd.DataFrame) -> pd.Series:
     return runs["batch_invariant"].fillna(False).astype(bool)
 
 
-def protocol_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """The runs in the papers' protocol: static batches whose rows are computed together.
-    Streams (`report.stream`) and the batch-invariant control (here) have views of their own."""
+def computed_together(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs in static batches whose rows are computed together, at a given ρ or a matched
+    cost. Streams (`report.stream`) and the batch-invariant control (here) have views of their
+    own."""
     runs = static_runs(runs)
     return runs[~invariant(runs)]
+
+
+def protocol_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs in the papers' protocol: `computed_together`, at the ρ they were given (a
+    matched-cost run is a point of the Pareto view only, `report.matched`)."""
+    return nominal(computed_together(runs))
 
 
 def label(method: str, variant: str, default: str | None, batch_invariant: bool) -> str:
@@ -72,7 +80,7 @@ def control_runs(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
     completion is the same text as in the run of the same curve and seed at the smallest batch
     size (1.0 there). `defaults`: `<model>/<method>` -> default variant
     (`tables.default_variants`)."""
-    runs = static_runs(runs[runs["perplexity"].isna()])
+    runs = nominal(static_runs(runs[runs["perplexity"].isna()]))
     flagged = invariant(runs)
     if runs.empty or not flagged.any():
         return runs.iloc[0:0].assign(evaluation=[], label=[], identical=[])

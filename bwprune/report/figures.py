@@ -91,8 +91,9 @@ def accuracy_vs_realized_sparsity(runs: pd.DataFrame) -> Figure:
 
 def pareto(runs: pd.DataFrame, y: str) -> Figure:
     """`y` (a `pareto.METRICS` key) against realized cost (c): one curve per method through its
-    runs at several ρ (each point labelled with its ρ), dense as the star at (c) = 0; one panel
-    per batch size, one row of panels per benchmark, model and evaluation (problems, tokens)."""
+    runs at several ρ (each point labelled with its ρ; a matched-cost run's framed by a square,
+    with the ρ its search chose), dense as the star at (c) = 0; one panel per batch size, one
+    row of panels per benchmark, model and evaluation (problems, tokens)."""
     found = pv.curves(runs, y)
     rows = sorted({key[:4] for key in found}, key=str)  # (benchmark, model, problems, tokens)
     sizes = sorted({key[4] for key in found})  # batch sizes
@@ -109,9 +110,13 @@ def pareto(runs: pd.DataFrame, y: str) -> Figure:
             ax.plot(x, values, "*", color="k", markersize=10, label="dense")
             continue
         ax.plot(x, values, "o-", color=colours[method], label=method)
-        for rho, px, py in zip(curve["target_sparsity"], x, values):
-            ax.annotate(f"{rho:g}", (px, py), xytext=(3, 3), textcoords="offset points",
-                        fontsize=6, color=colours[method])  # fmt: skip
+        matched = curve["cost_target"].notna()  # a cost target's point: the ρ its search chose
+        if matched.any():
+            ax.plot(x[matched], values[matched], "s", color=colours[method], markersize=7,
+                    fillstyle="none", label="_matched")  # fmt: skip
+        for rho, target, px, py in zip(curve["target_sparsity"], matched, x, values):
+            ax.annotate(f"{rho:g} (matched)" if target else f"{rho:g}", (px, py), xytext=(3, 3),
+                        textcoords="offset points", fontsize=6, color=colours[method])  # fmt: skip
     for r, (bench, model, problems, tokens) in enumerate(rows):
         for c, size in enumerate(sizes):
             ax = axes[r][c]

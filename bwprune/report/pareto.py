@@ -2,7 +2,7 @@
 parameters skipped per decode token (c), rather than against its nominal ρ.
 
 At one ρ the methods skip very different amounts (bwprune/engine/ledger.py defines (c)), so a
-method is drawn as a curve through its runs at several ρ (or matched-cost targets), and methods
+method is drawn as a curve through its runs at several ρ and matched-cost targets, and methods
 are compared where their curves reach the same (c). A curve is one setting: benchmark, model,
 evaluation size (problems), batch size and method; the seeds of one ρ are averaged into one point.
 Values at a common (c) are read off a curve by linear interpolation between its measured points
@@ -31,21 +31,25 @@ DENSE = {"time_to_answer": 1.0}
 # One panel (figure) or row group: an evaluation (problems, generation length) at a batch size.
 SETTING = ("benchmark", "model", "problems", "max_new_tokens", "batch_size")
 CURVE = (*SETTING, "method")
+# One point of a curve: a ρ, or a cost target (`report.matched`; its ρ is what the search chose,
+# and may equal a swept ρ without being the same run).
+POINT = ("target_sparsity", "cost_target")
 
 
 def curves(runs: pd.DataFrame, y: str) -> dict[tuple, pd.DataFrame]:
-    """CURVE key -> its points (`target_sparsity`, X, `y`) in order of X: the seeds of a ρ
-    averaged (one setting per point, `check_cells`), runs that did not measure `y` left out.
+    """CURVE key -> its points (`POINT`, X, `y`) in order of X: the seeds of a ρ (or a cost
+    target) averaged (one setting per point, `check_cells`), runs that did not measure `y` left
+    out.
 
     Every evaluation size is its own curve, so a curve keeps all its ρ even where a larger
     evaluation measured one of them (one-run-per-cell selection would take that point away).
-    Settings where no method was run at two ρ or more (a ρ-0.5-only batch sweep, a stream
+    Settings where no method has two points or more (a ρ-0.5-only batch sweep, a stream
     experiment's static twins) are no Pareto sweep and are left out, dense with them."""
     measured = runs[runs[y].notna() & runs[X].notna()]
-    check_cells(measured, [*CURVE, "variant", "target_sparsity"])
-    points = measured.groupby([*CURVE, "target_sparsity"], as_index=False)[[X, y]].mean()
-    rhos = points.groupby(list(CURVE))["target_sparsity"].transform("nunique")
-    swept = set(points.loc[rhos > 1, list(SETTING)].itertuples(index=False, name=None))
+    check_cells(measured, [*CURVE, "variant", *POINT])
+    points = measured.groupby([*CURVE, *POINT], as_index=False, dropna=False)[[X, y]].mean()
+    count = points.groupby(list(CURVE))[X].transform("size")
+    swept = set(points.loc[count > 1, list(SETTING)].itertuples(index=False, name=None))
     rows = [tuple(r) in swept for r in points[list(SETTING)].itertuples(index=False, name=None)]
     points = points[pd.Series(rows, index=points.index, dtype=bool)]
     return {key: part.sort_values(X) for key, part in points.groupby(list(CURVE))}

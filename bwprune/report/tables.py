@@ -24,7 +24,8 @@ import pandas as pd
 from bwprune.report.cells import check_cells, largest_evaluations
 from bwprune.report.collect import method_variant
 from bwprune.report.control import MEASURES as CONTROL_MEASURES
-from bwprune.report.control import control_runs, protocol_runs
+from bwprune.report.control import computed_together, control_runs, protocol_runs
+from bwprune.report.matched import is_matched, matched_frame
 from bwprune.report.pareto import CURVE, X, curves, interpolate
 from bwprune.report.speed_table import SPEED_COLUMNS, table_cells
 from bwprune.report.stream import MEASURES as STREAM_MEASURES
@@ -140,6 +141,12 @@ def default_runs(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
     """Generation runs of each method's default variant in the papers' protocol, every evaluation
     size (the collapse); streams and the batch-invariant control have their own views."""
     return _defaults_only(protocol_runs(runs[runs["perplexity"].isna()]), defaults)
+
+
+def pareto_runs(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
+    """`default_runs` and the matched-cost runs of the same variants: every point of the
+    Pareto view (`bwprune.report.pareto`), where a run's cost, not its ρ, places it."""
+    return _defaults_only(computed_together(runs[runs["perplexity"].isna()]), defaults)
 
 
 def default_cells(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
@@ -267,7 +274,7 @@ def pareto_table(runs: pd.DataFrame, defaults: dict[str, str], at: Sequence[floa
     """Each measure read off each method's curve at the common realized costs (c) `at`
     (`bwprune.report.pareto`): methods compared at one cost, where one ρ costs each a different
     amount. A curve that does not reach a value leaves its cell blank (never extrapolated)."""
-    sel = default_runs(runs, defaults)  # every evaluation size: each is its own curve
+    sel = pareto_runs(runs, defaults)  # every evaluation size: each is its own curve
     sel = sel[(sel["method"] != "dense") & sel[X].notna()]
     on_curves = {y: curves(sel, y) for y in PARETO_COLUMNS}
     drawn = set().union(*on_curves.values())  # the curves `curves` keeps (swept settings)
@@ -289,8 +296,8 @@ def pareto_table(runs: pd.DataFrame, defaults: dict[str, str], at: Sequence[floa
     )
     note = (
         f"Measures at realized cost (c) = {', '.join(f'{v:g}' for v in at)}, parameters skipped "
-        "per decode token, read off each method's curve through its runs at several ρ by linear "
-        "interpolation; – where the curve does not reach the value (never extrapolated); (c) "
+        "per decode token, read off each method's curve through its runs at several ρ and its "
+        "matched-cost runs (matched_cost.md) by linear interpolation; – where the curve does not reach the value (never extrapolated); (c) "
         "min/max: the span of its runs. ΔNLL = NLL increase over dense. TTA = time-to-answer "
         "speedup over the matching dense run (paired per-step timing scaled by each run's own "
         "decode steps, bwprune/speedup.py; runs timed with `scripts/measure_speedup.py` where "
@@ -303,9 +310,25 @@ def pareto_table(runs: pd.DataFrame, defaults: dict[str, str], at: Sequence[floa
 ABLATIONS = ("memory", "aggregate", "select", "t_init", "t_explore", "t_prune")
 
 RUNS_COLUMNS = [
-    "run_key", "n", "accuracy", "agreement", "kl", "target_sparsity", "realized_ffn",
+    "run_key", "n", "accuracy", "agreement", "kl", "target_sparsity", "cost_target", "realized_ffn",
     "realized_ffn_sparse_steps", "realized_params", "decode_tokens_per_s", "device",
 ]  # fmt: skip
+
+
+def matched_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
+    """Every matched-cost run of a default variant (`bwprune.report.matched`), one row each."""
+    sel = pareto_runs(runs, defaults)
+    frame = matched_frame(sel)
+    note = (
+        "Runs whose ρ was chosen so that a realized cost lands on a target (`cost.target`, "
+        "bwprune/cost_target.py): quantity params = (c), parameters skipped per decode token; "
+        "ffn = (a). realized (calib.): what the chosen ρ realized on the calibration problems "
+        "(the benchmark's last `cost.problems` not evaluated), within `cost.tolerance` of the "
+        "target; (c) and (a): what it realized on the evaluated problems. TTA = time-to-answer "
+        "speedup over the matching dense run (runs with a paired timing only). " + FOOTNOTE
+    )
+    return _table("Matched cost: each method at one realized cost", frame, sel[is_matched(sel)],
+                  note)  # fmt: skip
 
 
 def stream_table(runs: pd.DataFrame) -> Table:
@@ -368,7 +391,8 @@ def speed_table(name: str, rows: list[dict]) -> Table:
 def all_tables(runs: pd.DataFrame, defaults: dict[str, str]) -> dict[str, Table]:
     """File stem -> table, for `make tables`; all but `runs` and `batch_size` use one run per
     cell; runs in the papers' protocol only (`protocol_runs`), but in `runs`, `stream`
-    (continuous beside static) and `batch_control` (batch-invariant beside batched)."""
+    (continuous beside static), `batch_control` (batch-invariant beside batched) and
+    `matched_cost` (runs at a cost target)."""
     every = runs
     runs = protocol_runs(runs)
     generation = runs[runs["perplexity"].isna()]
@@ -376,6 +400,7 @@ def all_tables(runs: pd.DataFrame, defaults: dict[str, str]) -> dict[str, Table]
     tables = {
         "runs": runs_table(every),
         "stream": stream_table(every),
+        "matched_cost": matched_table(every, defaults),
         "batch_control": control_table(every, defaults),
         "main": main_table(cells, defaults),
         "batch_size": batch_table(generation, defaults),

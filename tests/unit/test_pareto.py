@@ -15,11 +15,12 @@ from omegaconf import OmegaConf
 from bwprune.records import run_key
 from bwprune.report import figures
 from bwprune.report.collect import load_runs
-from bwprune.report.pareto import X_LABEL, curves, interpolate
-from bwprune.report.tables import default_variants, pareto_table
+from bwprune.report.pareto import X_LABEL, X, curves, interpolate
+from bwprune.report.tables import all_tables, default_variants, pareto_table
 from tests.conftest import CONF_DIR, compose_cfg
 
 DENSE_ANSWERS = ["1", "2", "3", "4"]
+NAMES_IT = ("runs", "matched_cost")  # the tables that list a matched-cost run
 # method -> [(ρ, realized (c), KL, answers equal to dense's)] at batch 1; batch 4 adds 0.02 to (c)
 CURVES = {
     "ours": [(0.3, 0.10, 0.2, 4), (0.5, 0.20, 0.4, 3), (0.7, 0.30, 1.0, 2)],
@@ -29,11 +30,19 @@ CURVES = {
 
 
 def write_run(
-    runs_dir: Path, overrides: list[str], params: float, kl: float, agree: int, problems: int = 4
+    runs_dir: Path,
+    overrides: list[str],
+    params: float,
+    kl: float,
+    agree: int,
+    problems: int = 4,
+    cost: dict | None = None,
 ) -> str:
     """A complete run folder with these realized (c), KL and answers (`agree` of them dense's),
-    recorded as an evaluation of `problems` problems."""
-    cfg = compose_cfg(["model=tiny_llama", "limit=4", "quality.enabled=true", *overrides])
+    recorded as an evaluation of `problems` problems; `cost`: a matched-cost run's search (its
+    target in the config, its chosen ρ the run's target ρ)."""
+    matched = [f"cost.target={cost['target']}"] if cost else []
+    cfg = compose_cfg(["model=tiny_llama", "limit=4", "quality.enabled=true", *overrides, *matched])
     key = run_key(cfg)
     folder = runs_dir / key
     folder.mkdir(parents=True)
@@ -48,6 +57,8 @@ def write_run(
         "realized_sparsity": {"params": params, "ffn": 2 * params},
         "quality": {"kl": kl, "nll_increase": kl / 2},
     }  # fmt: skip
+    if cost:
+        metrics.update(cost=cost, target_sparsity=cost["rho"])
     names = {"benchmark": "gsm8k", "model": "tiny_llama", "method": str(cfg.method.name)}
     record = {"run_key": key, "metrics": metrics, "provenance": {"device": "cpu"}, **names}
     (folder / "run.json").write_text(json.dumps(record))
@@ -134,3 +145,33 @@ def test_a_larger_evaluation_at_one_rho_takes_no_point_off_a_curve(tmp_path):
     assert [ax.get_title() for ax in figures.pareto(runs, "kl").axes] == [
         "gsm8k, tiny_llama\n4 problems, 16 tokens, batch 1"
     ]
+
+
+def test_a_matched_cost_run_is_a_point_of_the_pareto_view_only(tmp_path):
+    """A run whose search chose ρ 0.5 for a (c) target beside the ρ-0.5 run of the same method:
+    its own point on the curve (no conflict), in its own table, and in no table at a nominal ρ."""
+    root = tmp_path / "runs"
+    write_run(root, ["method=dense", "batch_size=1"], 0.0, 0.0, 4)
+    for rho, params, kl, agree in CURVES["ours"]:
+        write_run(root, ["method=ours", f"sparsity={rho}", "batch_size=1"], params, kl, agree)
+    search = {"quantity": "params", "target": 0.25, "rho": 0.5, "realized": 0.255}
+    key = write_run(root, ["method=ours", "batch_size=1"], 0.25, 0.6, 3, cost=search)
+    runs = load_runs(root)
+    assert key.split("/")[-1].startswith("params=0.25_")
+
+    ours = curves(runs, "kl")[("gsm8k", "tiny_llama", 4, 16, 1, "ours")]
+    assert list(ours[X]) == [0.10, 0.20, 0.25, 0.30]
+    assert interpolate(ours, "kl", 0.25) == pytest.approx(0.6)  # measured, not interpolated
+
+    defaults = default_variants(CONF_DIR, runs)
+    tables = all_tables(runs, defaults)  # the batch table at ρ 0.5 would average both runs
+    assert all(key not in t.run_keys for stem, t in tables.items() if stem not in NAMES_IT)
+    matched = tables["matched_cost"]
+    assert matched.run_keys == [key]
+    row = matched.frame.iloc[0]
+    assert (row["quantity"], row["target"], row["ρ chosen"]) == ("params", 0.25, 0.5)
+    assert (row["realized (calib.)"], row["(c)"], row["KL"]) == (0.255, 0.25, 0.6)
+    assert pareto_table(runs, defaults, [0.25]).frame["KL @0.25"].iloc[0] == pytest.approx(0.6)
+
+    labels = sorted(t.get_text() for t in figures.pareto(runs, "kl").axes[0].texts)
+    assert labels == ["0.3", "0.5", "0.5 (matched)", "0.7"]
