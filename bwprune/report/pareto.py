@@ -31,6 +31,7 @@ DENSE = {"time_to_answer": 1.0}
 # One panel (figure) or row group: an evaluation (problems, generation length) at a batch size.
 SETTING = ("benchmark", "model", "problems", "max_new_tokens", "batch_size")
 CURVE = (*SETTING, "method")
+SHOWN_DIGITS = 3  # (c) as the tables show it
 # One point of a curve: a ρ, or a cost target (`report.matched`; its ρ is what the search chose,
 # and may equal a swept ρ without being the same run).
 POINT = ("target_sparsity", "cost_target")
@@ -56,8 +57,10 @@ def curves(runs: pd.DataFrame, y: str) -> dict[tuple, pd.DataFrame]:
 
 
 def interpolate(points: pd.DataFrame, y: str, at: float) -> float | None:
-    """`y` at X = `at` on the curve through `points` (sorted by X); None outside its span."""
+    """`y` at X = `at` on the curve through `points` (sorted by X); None outside its span. An end
+    of the span reaches `at` when it shows as `at` (`SHOWN_DIGITS`): a matched-cost run that
+    realized (c) 0.2003 for a target of 0.2 is the curve's value at 0.2, not a blank."""
     x = points[X].to_numpy()
-    if not len(x) or not x[0] <= at <= x[-1]:
+    if not len(x) or not round(x[0], SHOWN_DIGITS) <= at <= round(x[-1], SHOWN_DIGITS):
         return None
     return float(np.interp(at, x, points[y].to_numpy()))

@@ -297,8 +297,9 @@ def pareto_table(runs: pd.DataFrame, defaults: dict[str, str], at: Sequence[floa
     note = (
         f"Measures at realized cost (c) = {', '.join(f'{v:g}' for v in at)}, parameters skipped "
         "per decode token, read off each method's curve through its runs at several ρ and its "
-        "matched-cost runs (matched_cost.md) by linear interpolation; – where the curve does not reach the value (never extrapolated); (c) "
-        "min/max: the span of its runs. ΔNLL = NLL increase over dense. TTA = time-to-answer "
+        "matched-cost runs (matched_cost.md) by linear interpolation; – where the curve does not "
+        "reach the value to the shown precision (never extrapolated); (c) min/max: the span of "
+        "its runs. ΔNLL = NLL increase over dense. TTA = time-to-answer "
         "speedup over the matching dense run (paired per-step timing scaled by each run's own "
         "decode steps, bwprune/speedup.py; runs timed with `scripts/measure_speedup.py` where "
         "they ran with speed.paired=false). " + FOOTNOTE

@@ -86,6 +86,14 @@ def test_a_value_is_read_off_the_curve_between_its_points_only(runs):
     assert interpolate(ours, "kl", 0.31) is None and interpolate(ours, "kl", 0.05) is None
 
 
+def test_an_end_that_shows_as_the_value_reaches_it():
+    """A matched run's (c) lands near, not on, its target: 0.2004 shows as 0.200 and is the
+    curve's value at 0.2; 0.2006 shows as 0.201 and is not."""
+    for first, reached in ((0.2004, True), (0.2006, False)):
+        points = pd.DataFrame({X: [first, 0.25], "kl": [0.4, 0.9]})
+        assert interpolate(points, "kl", 0.2) == (0.4 if reached else None)
+
+
 def test_the_table_compares_methods_at_one_cost_and_never_extrapolates(runs):
     defaults = default_variants(CONF_DIR, runs)
     table = pareto_table(runs, defaults, [0.1, 0.2, 0.3])
