@@ -161,12 +161,12 @@ def _speedup_columns(speedup: dict | None) -> dict:
 def _cost_columns(cost_cfg: dict | None, search: dict | None) -> dict:
     """A matched-cost run's target (`cost.target`; None for a run at a given ρ), the quantity
     it names, and what its chosen ρ realized on the calibration problems (`metrics.cost`)."""
-    target = (cost_cfg or {}).get("target")
-    return {
-        "cost_target": target,
-        "cost_quantity": (cost_cfg or {}).get("quantity") if target is not None else None,
-        "cost_realized": (search or {}).get("realized") if target is not None else None,
-    }
+    cost_cfg = cost_cfg or {}
+    if cost_cfg.get("target") is None:
+        return {"cost_target": None, "cost_quantity": None, "cost_realized": None}
+    realized = (search or {}).get("realized")
+    return {"cost_target": cost_cfg["target"], "cost_quantity": cost_cfg.get("quantity"),
+            "cost_realized": realized}  # fmt: skip
 
 
 def _time_to_answer(runs: pd.DataFrame, runs_dir: Path) -> list[float | None]:

@@ -34,10 +34,10 @@ def nominal(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def matched_frame(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per matched run, in setting order: the target, the ρ its search chose, the cost
-    that ρ realized on the calibration problems and on the evaluation, and its measures."""
-    sel = runs[is_matched(runs)]
+    """One row per run of `runs` (matched runs), in setting order: the target, the ρ its search
+    chose, the cost that ρ realized on the calibration problems and on the evaluation, and its
+    measures."""
     order = ["benchmark", "model", "problems", "max_new_tokens", "cost_quantity", "cost_target",
              "batch_size", "method", "seed"]  # fmt: skip
-    sel = sel.sort_values(order)
+    sel = runs.sort_values(order)
     return sel[["benchmark", "model", *COLUMNS]].rename(columns=COLUMNS).reset_index(drop=True)

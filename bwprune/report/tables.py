@@ -25,7 +25,7 @@ from bwprune.report.cells import check_cells, largest_evaluations
 from bwprune.report.collect import method_variant
 from bwprune.report.control import MEASURES as CONTROL_MEASURES
 from bwprune.report.control import computed_together, control_runs, protocol_runs
-from bwprune.report.matched import is_matched, matched_frame
+from bwprune.report.matched import is_matched, matched_frame, nominal
 from bwprune.report.pareto import CURVE, X, curves, interpolate
 from bwprune.report.speed_table import SPEED_COLUMNS, table_cells
 from bwprune.report.stream import MEASURES as STREAM_MEASURES
@@ -137,16 +137,17 @@ def default_variants(conf_dir: str | Path, runs: pd.DataFrame) -> dict[str, str]
     return out
 
 
-def default_runs(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
-    """Generation runs of each method's default variant in the papers' protocol, every evaluation
-    size (the collapse); streams and the batch-invariant control have their own views."""
-    return _defaults_only(protocol_runs(runs[runs["perplexity"].isna()]), defaults)
-
-
 def pareto_runs(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
-    """`default_runs` and the matched-cost runs of the same variants: every point of the
-    Pareto view (`bwprune.report.pareto`), where a run's cost, not its ρ, places it."""
+    """Generation runs of each method's default variant in static batches computed together,
+    every evaluation size, at a given ρ or a matched cost: every point of the Pareto view
+    (`bwprune.report.pareto`), where a run's cost, not its ρ, places it."""
     return _defaults_only(computed_together(runs[runs["perplexity"].isna()]), defaults)
+
+
+def default_runs(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
+    """`pareto_runs` at the ρ they were given: the papers' protocol, every evaluation size (the
+    collapse); streams, the batch-invariant control and matched runs have their own views."""
+    return nominal(pareto_runs(runs, defaults))
 
 
 def default_cells(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
@@ -319,7 +320,7 @@ RUNS_COLUMNS = [
 def matched_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
     """Every matched-cost run of a default variant (`bwprune.report.matched`), one row each."""
     sel = pareto_runs(runs, defaults)
-    frame = matched_frame(sel)
+    sel = sel[is_matched(sel)]
     note = (
         "Runs whose ρ was chosen so that a realized cost lands on a target (`cost.target`, "
         "bwprune/cost_target.py): quantity params = (c), parameters skipped per decode token; "
@@ -328,8 +329,7 @@ def matched_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
         "target; (c) and (a): what it realized on the evaluated problems. TTA = time-to-answer "
         "speedup over the matching dense run (runs with a paired timing only). " + FOOTNOTE
     )
-    return _table("Matched cost: each method at one realized cost", frame, sel[is_matched(sel)],
-                  note)  # fmt: skip
+    return _table("Matched cost: each method at one realized cost", matched_frame(sel), sel, note)
 
 
 def stream_table(runs: pd.DataFrame) -> Table:
