@@ -51,7 +51,7 @@ def calibration_windows(
 
 def model_fingerprint(model: torch.nn.Module) -> str:
     """Identifies a model's weights cheaply: its config plus sums of its first and last tensors."""
-    params = list(model.parameters())
+    params = [p.detach() for p in model.parameters()]
     probe = [float(params[0].double().sum()), float(params[-1].double().sum()), len(params)]
     blob = json.dumps([model.config.to_dict(), probe], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]

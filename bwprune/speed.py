@@ -16,8 +16,9 @@ only torch and transformers are.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -39,6 +40,7 @@ from bwprune.models.adapters import ModelAdapter
 from bwprune.speedup import schedule_ideal, sparse_step_bound, spread
 
 HF_GENERATE = "hf_generate"  # label of the reference: transformers' own generate loop, dense
+T = TypeVar("T")
 
 
 def _time_hf_generate(model: nn.Module, ids: torch.Tensor, new_tokens: int) -> dict:
@@ -104,6 +106,33 @@ def measure(
         )  # fmt: skip
         rows += _summarize(batch, samples, weight_bytes(model))
     return rows
+
+
+def within_budget(
+    parts: Iterable[tuple[str, Callable[[], T]]],
+    deadline: float,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Iterator[tuple[str, T | None, float]]:
+    """Runs `parts` in order, yielding (name, result, seconds) as each ends, so the caller can
+    write it down before the next one starts. A part starts only if it would end by `deadline`
+    (a `clock()` time) were it as long as the longest part so far; one that would not is yielded
+    as (name, None, 0.0) and the following parts are weighed alike.
+
+    Why: a lent GPU runs one command for a few minutes at most, and a command stopped at its limit
+    returns only what it wrote, so a check must stop starting work it cannot finish rather than
+    lose the part it is in. The longest part so far is the estimate because a check's parts are of
+    one kind (compile, then time a few methods), and the first part has no estimate but the clock.
+    """
+    longest = 0.0
+    for name, run in parts:
+        if clock() + longest > deadline:
+            yield name, None, 0.0
+            continue
+        start = clock()
+        result = run()
+        seconds = clock() - start
+        longest = max(longest, seconds)
+        yield name, result, seconds
 
 
 def _label(method: str, engine: str) -> str:

@@ -1,20 +1,32 @@
-"""One prepared GPU speed check at 7B shape, random weights: dense, ours, TEAL, each eager and
-compiled (torch.compile with CUDA graphs), then one long generation eager vs compiled.
+"""One prepared GPU speed check at 7-8B shape with random weights: dense, ours (scheduled and with
+its mask frozen) and TEAL, each eager and compiled (torch.compile, on CUDA with CUDA graphs), then
+one reasoning-length generation eager vs compiled.
 
-    python scripts/gpu_check.py [--model ds_r1_qwen_7b] [--batch-sizes 1 4 16] [--out DIR]
+    python3 scripts/gpu_check.py --out DIR      # settings: conf/gpu_check.yaml; flags override
 
-Needs only torch and transformers (tested against the APIs of torch 2.11 / transformers 5.17, and
-PyYAML, which transformers brings): no Hydra, no project install, no network. The model is built
-from `conf/model/<name>.yaml`'s `arch` with random weights in bf16 on CUDA; accuracy means nothing
-here, only speed. Prints the tables last and writes them with the raw rows to --out.
+Sized for one command on a lent GPU (at most 10 minutes): it measures the first batch size, then the
+long generation, then the other batch sizes, and starts a part only while the time budget lasts
+(`budget_s`); the record is rewritten under --out after every part, so a stopped command still
+returns what it measured, and the parts it skipped are named in it.
+
+Needs only torch and transformers (checked on CPU with torch 2.11 and transformers 5.17, the lent
+machine's versions) and PyYAML, which transformers brings: no Hydra, no project install, no network.
+The configs are therefore read as plain YAML: each method is built from conf/method/<name>.yaml's
+own values, as run.py would build it, with sparsity, calibration and cache folder set here. The
+model is conf/model/<name>.yaml's `arch` with random weights (bf16 on CUDA): only speed means
+anything here.
 """
 
 import argparse
+import importlib
 import json
 import sys
+import time
+from functools import partial
 from pathlib import Path
 
 import torch
+import transformers
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,82 +34,184 @@ sys.path.insert(0, str(ROOT))  # the GPU machine has no project install: import 
 
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
-from baselines.dense import Dense  # noqa: E402
 from bwprune.generation.runner import EngineConfig  # noqa: E402
-from bwprune.methods.ours import BWAP  # noqa: E402
 from bwprune.models.adapters import adapter_for  # noqa: E402
 from bwprune.models.byte_tokenizer import byte_tokenizer  # noqa: E402
 from bwprune.report.speed_table import markdown_table  # noqa: E402
-from bwprune.speed import measure  # noqa: E402
+from bwprune.speed import measure, within_budget  # noqa: E402
+
+CONF = ROOT / "conf"
+SET_HERE = ("name", "_target_", "sparsity", "calibration", "cache_dir")  # method keys set by us
 
 
-def build_methods(model, adapter, tokenizer, sparsity: float) -> dict:
-    methods = {
-        "dense": Dense(),
-        "ours": BWAP(sparsity),
-        "ours_frozen": BWAP(sparsity, t_init=0, t_explore=0),
-    }
-    try:
-        from baselines.teal import TEAL
-
-        methods["teal"] = TEAL(sparsity, calibration=dict(
-            text_file=str(ROOT / "bwprune/data/wikitext2/valid.txt"),
-            num_sequences=8, seq_len=256, seed=0,
-        ), cache_dir="/tmp/bwprune-cache")  # fmt: skip
-    except ImportError:
-        print("baselines.teal not available: TEAL skipped")
-    for method in methods.values():
-        method.prepare(model, adapter, tokenizer)
-    return methods
+def read_yaml(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="ds_r1_qwen_7b")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--sparsity", type=float, default=0.5)
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--long-tokens", type=int, default=4096, help="0: no long generation")
-    parser.add_argument("--long-batch", type=int, default=4)
+def plain_values(cfg: dict, where: Path) -> dict:
+    """The keys of a config file that need no interpolation. A method's `${...}` keys are the ones
+    this script sets itself (SET_HERE); any other would silently fall back to a Python default,
+    so it is refused."""
+    values = {}
+    for key, value in cfg.items():
+        if isinstance(value, str) and "${" in value:
+            if key not in SET_HERE:
+                raise SystemExit(f"{where}: {key}={value!r} needs Hydra; gpu_check cannot build it")
+            continue
+        values[key] = value
+    return values
+
+
+def calibration(settings: dict) -> dict:
+    """conf/calibration/<settings[config]>.yaml, its text inside this checkout, other keys
+    overridden by `settings`."""
+    overrides = dict(settings)
+    path = CONF / "calibration" / f"{overrides.pop('config')}.yaml"
+    cfg = read_yaml(path)
+    text = cfg.pop("text_file").replace("${paths.data_dir}", str(ROOT / "bwprune" / "data"))
+    return {**plain_values(cfg, path), "text_file": text, **overrides}
+
+
+def build_method(spec: dict, sparsity: float, settings: dict):
+    """`spec` = {method: <conf/method name>, **overrides} -> the method, as its config builds it:
+    the file's own values, then ours for the keys it interpolates (SET_HERE), then `spec`."""
+    spec = dict(spec)
+    path = CONF / "method" / f"{spec.pop('method')}.yaml"
+    cfg = read_yaml(path)
+    module, _, cls = cfg["_target_"].rpartition(".")
+    ours = {"sparsity": sparsity, "calibration": calibration(settings["calibration"]),
+            "cache_dir": settings["cache_dir"]}  # fmt: skip
+    kwargs = {k: v for k, v in plain_values(cfg, path).items() if k not in SET_HERE}
+    kwargs.update({k: v for k, v in ours.items() if k in cfg}, **spec)
+    return getattr(importlib.import_module(module), cls)(**kwargs)
+
+
+def parse_args() -> argparse.Namespace:
+    settings = read_yaml(CONF / "gpu_check.yaml")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for key in ("model", "sparsity", "new_tokens", "prompt_len", "repeats", "warmup",
+                "long_tokens", "long_batch", "budget_s", "backend", "cache_dir"):  # fmt: skip
+        parser.add_argument(f"--{key.replace('_', '-')}", type=type(settings[key]))
+    for key in ("batch_sizes", "long_methods"):
+        kind = type(settings[key][0])
+        parser.add_argument(f"--{key.replace('_', '-')}", type=kind, nargs="+")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default=str(ROOT / "results" / "speed"))
     args = parser.parse_args()
+    for key, value in vars(args).items():
+        if value is not None:
+            settings[key] = value
+    return argparse.Namespace(**settings)
 
-    arch = yaml.safe_load((ROOT / "conf" / "model" / f"{args.model}.yaml").read_text())["arch"]
+
+def build_model(args: argparse.Namespace):
+    arch = dict(read_yaml(CONF / "model" / f"{args.model}.yaml")["arch"])
     config = AutoConfig.for_model(arch.pop("model_type"), **arch)
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     torch.manual_seed(0)
     with torch.device(args.device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
-    tokenizer = byte_tokenizer()
-    adapter = adapter_for(model)
-    methods = build_methods(model, adapter, tokenizer, args.sparsity)
-    engines = {"eager": EngineConfig(), "compiled": EngineConfig(compile=True)}
-    rows = measure(
-        model, tokenizer, adapter, methods, args.batch_sizes, args.new_tokens,
-        repeats=args.repeats, log=print, engines=engines, with_hf_generate=False,
-    )  # fmt: skip
-    long_rows = []
-    if args.long_tokens:  # a reasoning-length answer, one run each: compiling lands in its e2e,
-        # not in its median step time
-        long_methods = {k: methods[k] for k in ("dense", "ours")}
-        long_rows = measure(
-            model, tokenizer, adapter, long_methods, [args.long_batch], args.long_tokens,
-            repeats=1, warmup=0, log=print, engines=engines, with_hf_generate=False,
-        )  # fmt: skip
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    key = f"{args.model}_random_{where}".replace(" ", "_")
-    record = {"args": vars(args), "rows": rows, "long": long_rows}
-    (out / f"{key}.json").write_text(json.dumps(record, indent=2))
-    table = markdown_table(rows)
-    if long_rows:
-        table += f"\nLong generation ({args.long_tokens} tokens, batch {args.long_batch}):\n\n"
-        table += markdown_table(long_rows)
-    (out / f"{key}.md").write_text(f"# Speed: {key} (random weights, bf16)\n\n{table}")
-    print(table)
+    return model, byte_tokenizer(), adapter_for(model)
+
+
+def eager_vs_compiled(parts: list[dict]) -> str:
+    """Each method eager vs compiled, from parts measured apart: the median decode step, and the
+    long generation's wall time, compilation included (a user pays it once per run)."""
+    pairs: dict[tuple[str, str], dict[str, dict]] = {}
+    for part in parts:
+        for row in part["rows"]:
+            where = "long" if part["name"].startswith("long") else f"batch {row['batch_size']}"
+            method, _, engine = row["method"].partition("@")
+            pairs.setdefault((where, method), {})[engine or "eager"] = row
+    lines = [
+        "| part | method | ms/step eager | ms/step compiled | ratio "
+        "| end to end s, eager / compiled (long: with compilation) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (where, method), pair in pairs.items():
+        if pair.keys() == {"eager", "compiled"}:
+            (e, c) = (pair[k]["step_ms"]["median"] for k in ("eager", "compiled"))
+            wall = " / ".join(f"{pair[k]['e2e_s']['median']:.2f}" for k in ("eager", "compiled"))
+            lines.append(f"| {where} | {method} | {e:.2f} | {c:.2f} | {e / c:.2f}× | {wall} |")
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
+class Record:
+    """The check's record, rewritten whole after every part: <out>/<key>.json and .md."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        where = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+        self.key = f"{args.model}_random_{where}".replace(" ", "_")
+        self.out = Path(args.out)
+        versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+        self.data = {"args": vars(args), **versions, "parts": [], "skipped": []}
+
+    def add(self, name: str, rows: list[dict] | None, seconds: float) -> None:
+        if rows is None:
+            self.data["skipped"].append(name)
+        else:
+            self.data["parts"].append({"name": name, "seconds": seconds, "rows": rows})
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / f"{self.key}.json").write_text(json.dumps(self.data, indent=2))
+        (self.out / f"{self.key}.md").write_text(self.markdown())
+
+    def markdown(self) -> str:
+        d = self.data
+        text = (f"# Speed: {self.key} (random weights)\n\n"
+                f"`scripts/gpu_check.py`, torch {d['torch']}, transformers {d['transformers']}; "
+                f"settings: {json.dumps(d['args'])}\n")  # fmt: skip
+        for part in d["parts"]:
+            table = markdown_table(part["rows"])
+            text += f"\n## {part['name']} ({part['seconds']:.0f} s)\n\n{table}"
+        if both := eager_vs_compiled(d["parts"]):
+            text += f"\n## Eager vs compiled\n\n{both}"
+        if d["skipped"]:
+            skipped = ", ".join(d["skipped"])
+            text += f"\nSkipped (time budget of {d['args']['budget_s']} s): {skipped}\n"
+        return text
+
+
+def main() -> None:
+    start = time.perf_counter()
+    args = parse_args()
+
+    def log(message: str) -> None:
+        print(f"[{time.perf_counter() - start:5.0f} s] {message}", flush=True)
+
+    model, tokenizer, adapter = build_model(args)
+    log(f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters")
+    methods = {label: build_method(spec, args.sparsity, vars(args))
+               for label, spec in args.methods.items()}  # fmt: skip
+    for method in methods.values():
+        method.prepare(model, adapter, tokenizer)
+    log(f"prepared {', '.join(methods)}")
+    engines = {"eager": EngineConfig(backend=args.backend),
+               "compiled": EngineConfig(compile=True, backend=args.backend)}  # fmt: skip
+    timing = dict(prompt_len=args.prompt_len, log=log, with_hf_generate=False)
+
+    def batch(size: int, engine: str) -> list[dict]:
+        return measure(model, tokenizer, adapter, methods, [size], args.new_tokens,
+                       repeats=args.repeats, warmup=args.warmup,
+                       engines={engine: engines[engine]}, **timing)  # fmt: skip
+
+    def long() -> list[dict]:  # one run each, no warm-up: the compiled run pays its compilation
+        chosen = {k: methods[k] for k in dict.fromkeys(["dense", *args.long_methods])}
+        return measure(model, tokenizer, adapter, chosen, [args.long_batch], args.long_tokens,
+                       repeats=1, warmup=0, engines=engines, **timing)  # fmt: skip
+
+    # Eager and compiled are parts of their own (speedups are against dense on the same engine),
+    # so the first record comes before any compilation and the budget is weighed finely.
+    first, *others = args.batch_sizes
+    parts = [(f"batch {first}, {e}", partial(batch, first, e)) for e in engines]
+    if args.long_tokens:
+        parts.append((f"long: {args.long_tokens} tokens at batch {args.long_batch}", long))
+    parts += [(f"batch {b}, {e}", partial(batch, b, e)) for b in others for e in engines]
+    record = Record(args)
+    for name, rows, seconds in within_budget(parts, start + args.budget_s):
+        log(f"{name}: skipped, the budget would not hold it" if rows is None
+            else f"{name}: {seconds:.0f} s")  # fmt: skip
+        record.add(name, rows, seconds)
+    print(record.markdown())
 
 
 if __name__ == "__main__":
