@@ -39,12 +39,13 @@ class DecodeStep:
         self.model = model
         self.compiled = compiled
         self._said_eager = False  # one log line the first time a compiled run steps eager
+        cuda = next(model.parameters()).device.type == "cuda"
+        self._graphs = compiled and cuda and backend == "inductor"  # replayed from CUDA graphs
         if compiled:
             # One graph per (rows, cache length, kept sizes, dense/sparse) and per runner: the
             # default limit of 8 per code object would silently fall back to eager.
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
-            cuda = next(model.parameters()).device.type == "cuda"
-            mode = "reduce-overhead" if cuda and backend == "inductor" else None
+            mode = "reduce-overhead" if self._graphs else None
             self._compiled = torch.compile(self._forward, backend=backend, mode=mode, dynamic=False)
 
     def __call__(
@@ -57,7 +58,13 @@ class DecodeStep:
     ) -> torch.Tensor:
         """(B,) tokens at (B, 1) positions -> (B, V) next-token logits."""
         if self.compiled and capturable:
-            return self._compiled(cache.inputs(), token, mask, position)
+            if not self._graphs:
+                return self._compiled(cache.inputs(), token, mask, position)
+            # A replay writes its outputs where the next replay writes again: each step starts a
+            # new iteration, and the caller gets a copy (B x V, microseconds), so logits an
+            # observer keeps (quality measures, batch-invariant rows) survive the next step.
+            torch.compiler.cudagraph_mark_step_begin()
+            return self._compiled(cache.inputs(), token, mask, position).clone()
         if self.compiled and not self._said_eager:
             log.info("a step whose hooks keep state runs eager (the method is not capturable)")
             self._said_eager = True
