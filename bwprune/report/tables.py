@@ -313,7 +313,8 @@ ABLATIONS = ("memory", "aggregate", "select", "t_init", "t_explore", "t_prune")
 
 RUNS_COLUMNS = [
     "run_key", "n", "accuracy", "agreement", "kl", "target_sparsity", "cost_target", "realized_ffn",
-    "realized_ffn_sparse_steps", "realized_params", "decode_tokens_per_s", "device",
+    "realized_ffn_sparse_steps", "realized_params", "speedup_step", "time_to_answer",
+    "decode_tokens_per_s", "device",
 ]  # fmt: skip
 
 
