@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from bwprune.config import build_method
+from bwprune.report.tables import speed_table
 from bwprune.speed import within_budget
 from tests.conftest import compose_cfg
 
@@ -111,6 +112,9 @@ def test_the_check_runs_every_part_on_cpu(tmp_path):
     assert labels[0] == {"dense", "ours", "ours_frozen", "teal"}
     assert labels[1] == {"dense@compiled", "ours@compiled", "ours_frozen@compiled", "teal@compiled"}
     assert labels[2] == {"dense", "dense@compiled"}
+    batch_rows = [r for i in (0, 1, 3, 4) for r in record["parts"][i]["rows"]]
+    assert record["rows"] == batch_rows  # what `make tables` renders, the long part apart
+    assert len(speed_table("gpu", record["rows"]).frame) == len(batch_rows)
     summary = (tmp_path / "out" / "tiny_llama_random_cpu.md").read_text().split("## Eager vs")[1]
     assert "| long | dense |" in summary and "| batch 2 | ours_frozen |" in summary
 
