@@ -7,7 +7,8 @@ one reasoning-length generation eager vs compiled.
 Sized for one command on a lent GPU (at most 10 minutes): it measures the first batch size, then the
 long generation, then the other batch sizes, and starts a part only while the time budget lasts
 (`budget_s`); the record is rewritten under --out after every part, so a stopped command still
-returns what it measured, and the parts it skipped are named in it.
+returns what it measured; the parts it skipped, and any that failed with their errors, are named
+in it.
 
 Needs only torch and transformers (checked on CPU with torch 2.11 and transformers 5.17, the lent
 machine's versions) and PyYAML, which transformers brings: no Hydra, no project install, no network.
@@ -22,6 +23,8 @@ import importlib
 import json
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -114,6 +117,16 @@ def build_model(args: argparse.Namespace):
     return model, byte_tokenizer(), adapter_for(model)
 
 
+def attempt(run: Callable[[], list[dict]]) -> list[dict] | Exception:
+    """A part's rows, or the error it raised (its traceback printed): one failing part (a compile
+    error, say) must not cost the parts after it their one chance on a lent GPU."""
+    try:
+        return run()
+    except Exception as error:  # recorded and printed, not swallowed
+        traceback.print_exc()
+        return error
+
+
 def is_long(part: str) -> bool:
     return part.startswith("long")
 
@@ -148,11 +161,13 @@ class Record:
         self.key = f"{args.model}_random_{where}".replace(" ", "_")
         self.out = Path(args.out)
         versions = {"torch": torch.__version__, "transformers": transformers.__version__}
-        self.data = {"args": vars(args), **versions, "parts": [], "skipped": []}
+        self.data = {"args": vars(args), **versions, "parts": [], "skipped": [], "failed": []}
 
-    def add(self, name: str, rows: list[dict] | None, seconds: float) -> None:
+    def add(self, name: str, rows: list[dict] | Exception | None, seconds: float) -> None:
         if rows is None:
             self.data["skipped"].append(name)
+        elif isinstance(rows, Exception):
+            self.data["failed"].append({"name": name, "error": f"{type(rows).__name__}: {rows}"})
         else:
             self.data["parts"].append({"name": name, "seconds": seconds, "rows": rows})
         # the batch parts' rows, as a `make bench` record holds them: `make tables` and
@@ -176,6 +191,8 @@ class Record:
         if d["skipped"]:
             skipped = ", ".join(d["skipped"])
             text += f"\nSkipped (time budget of {d['args']['budget_s']} s): {skipped}\n"
+        for failure in d["failed"]:
+            text += f"\nFailed: {failure['name']}: {failure['error']}\n"
         return text
 
 
@@ -215,9 +232,11 @@ def main() -> None:
         parts.append((f"long: {args.long_tokens} tokens at batch {args.long_batch}", long))
     parts += [(f"batch {b}, {e}", partial(batch, b, e)) for b in others for e in engines]
     record = Record(args)
+    parts = [(name, partial(attempt, run)) for name, run in parts]
     for name, rows, seconds in within_budget(parts, start + args.budget_s):
+        failed = " (failed)" if isinstance(rows, Exception) else ""
         log(f"{name}: skipped, the budget would not hold it" if rows is None
-            else f"{name}: {seconds:.0f} s")  # fmt: skip
+            else f"{name}: {seconds:.0f} s{failed}")  # fmt: skip
         record.add(name, rows, seconds)
     print(record.markdown())
 

@@ -127,3 +127,11 @@ def test_a_spent_budget_skips_every_part_and_says_so(tmp_path):
         "batch 1, eager", "batch 1, compiled", "long: 12 tokens at batch 2",
         "batch 2, eager", "batch 2, compiled",
     ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_failing_part_is_recorded_and_the_next_parts_still_run(tmp_path):
+    record = _run(tmp_path, "--backend", "no_such_backend", "--long-tokens", "0")
+    assert [f["name"] for f in record["failed"]] == ["batch 1, compiled", "batch 2, compiled"]
+    assert "no_such_backend" in record["failed"][0]["error"]
+    assert [p["name"] for p in record["parts"]] == ["batch 1, eager", "batch 2, eager"]
