@@ -4,9 +4,9 @@ The compiled step is the model's forward on one token per row with static shapes
 KV cache, a fixed-size attention mask), compiled once per shape with `torch.compile`; on CUDA with
 `mode="reduce-overhead"`, i.e. captured into CUDA graphs, which removes the per-kernel launch and
 Python overhead that dominates an eager decode step of a 7-8B model at small batch. A method's
-hooks run inside it; its policy (schedule, mask refresh) runs between steps in the driver. A step
-whose hooks write Python state (`PruningMethod.capturable` is False) runs eager: capture would
-replay it without the writes.
+hooks run inside it (threshold methods add what they skip into tensors kept per batch size); its
+policy (schedule, mask refresh) runs between steps in the driver. A step whose hooks write Python
+state (`PruningMethod.capturable` is False) runs eager: capture would replay it without the writes.
 """
 
 from __future__ import annotations
@@ -45,6 +45,11 @@ class DecodeStep:
             # One graph per (rows, cache length, kept sizes, dense/sparse) and per runner: the
             # default limit of 8 per code object would silently fall back to eager.
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+            # Dynamo skips guards on module hooks by default, so a graph traced without a method's
+            # hooks (dense, in a paired timing on the same model) would serve a step with them,
+            # and the other way round. Guarded, a method's graph is its own; re-attaching the
+            # same hooks (every batch) still replays it.
+            torch._dynamo.config.skip_nnmodule_hook_guards = False
             mode = "reduce-overhead" if self._graphs else None
             self._compiled = torch.compile(self._forward, backend=backend, mode=mode, dynamic=False)
 

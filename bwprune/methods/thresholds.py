@@ -7,8 +7,9 @@ vector (`mean`, what the ARR version says the baselines do, or `max`) and the of
 calibrated on *unaggregated* activations, is applied to it, so the whole batch shares one mask and
 the realized sparsity drifts with the batch. Prefill is thresholded per token in both modes: left
 padding leaves prompt positions unaligned across rows, and the originals mask prompts per token.
-What each mask skips is counted for the ledger. Calibration (histogram -> threshold) is each
-method's own.
+What each mask skips is counted for the ledger, inside the forward, into per-row tensors that
+live as long as their batch size, so a decode step is all tensor work and runs compiled
+(`bwprune.engine.step`). Calibration (histogram -> threshold) is each method's own.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class ThresholdMethod(PruningMethod):
         self.batch_coupled = shared_mask  # a shared mask couples the rows of a batch
         self.calibration, self.cache_dir = calibration, cache_dir
         self._num_layers = 0
+        self._skipped: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # batch size -> buffers
 
     def install(self, hooks: HookSet, adapter: ModelAdapter) -> None:
         """Register the thresholding hooks (called only when sparsity > 0)."""
@@ -62,7 +64,7 @@ class ThresholdMethod(PruningMethod):
 
     def attach(self, model: nn.Module, adapter: ModelAdapter) -> HookSet:
         hooks = HookSet()
-        self._num_layers = len(adapter.layers)
+        self._num_layers, self._skipped = len(adapter.layers), {}
         if self.sparsity > 0:  # ρ = 0: no hook at all, exactly dense
             self.install(hooks, adapter)
         return hooks
@@ -75,9 +77,28 @@ class ThresholdMethod(PruningMethod):
             limit = (n * self.prefill_fraction + 1e-9).floor()
             self._thresholded = ctx.valid & (from_right <= limit)  # (B, T): last ⌊f·n⌋ tokens
         else:
-            device, batch = ctx.valid.device, ctx.batch_size
-            self._ffn = torch.zeros(batch, self._num_layers, dtype=torch.float64, device=device)
-            self._params = torch.zeros(batch, dtype=torch.float64, device=device)
+            self._ffn, self._params = self._step_accounting(ctx.batch_size, ctx.valid.device)
+
+    def _step_accounting(self, batch: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """Zeroed (B, L) FFN fractions and (B,) parameters that this decode step's hooks add into.
+
+        One pair per batch size, zeroed in place every step and marked as static addresses: a CUDA
+        graph replays in-place writes only into tensors whose address never changes (others make
+        torch skip the capture), and the ledger reads them before the next step starts.
+        """
+        buffers = self._skipped.get(batch)
+        if buffers is None or buffers[0].device != device:
+            buffers = (
+                torch.zeros(batch, self._num_layers, dtype=torch.float64, device=device),
+                torch.zeros(batch, dtype=torch.float64, device=device),
+            )
+            for b in buffers:
+                torch._dynamo.mark_static_address(b, guard=False)
+            self._skipped[batch] = buffers
+        else:
+            for b in buffers:
+                b.zero_()
+        return buffers
 
     def keep(
         self,
@@ -106,11 +127,6 @@ class ThresholdMethod(PruningMethod):
         self._ffn[:, layer] += dropped * ffn_per_entry
         self._params += dropped * params_per_entry
         return keep
-
-    def capturable(self) -> bool:
-        """No: the hooks add each step's skipped entries into per-step accounting tensors, and
-        the masks are applied by masking (no sparse kernel), so capture would gain little."""
-        return False
 
     def end_step(self, ctx: StepContext) -> StepSparsity | None:
         if ctx.phase is Phase.PREFILL or self.sparsity == 0:

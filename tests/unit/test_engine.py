@@ -17,6 +17,7 @@ from baselines.teal import TEAL
 from bwprune.engine.rows import bucket
 from bwprune.generation.evaluate import BatchProgress
 from bwprune.generation.runner import BatchedRunner, EngineConfig, Forcing, SamplingConfig
+from bwprune.methods.base import PruningMethod
 from bwprune.methods.ours import BWAP
 from bwprune.models.adapters import adapter_for
 from tests.conftest import PROMPTS, chat, tiny_model
@@ -118,19 +119,70 @@ def test_compiled_step_generates_the_reference_tokens_and_never_recompiles(name)
     runner = BatchedRunner(model, tok, method, adapter, SamplingConfig(N), engine=engine)
     out, _ = generate(model, tok, method, engine, runner=runner)
     assert [c.token_ids for c in out] == [c.token_ids for c in ref]
+    assert [c.sparsity for c in out] == [c.sparsity for c in ref]  # accounting inside the graph
     graphs = counters["stats"]["unique_graphs"]
-    assert graphs <= 2  # ours: a sparse and a dense step; threshold methods run eager (0)
+    assert 1 <= graphs <= 2  # every method compiles; ours: a sparse and a dense step
     generate(model, tok, method, engine, prompts=PROMPTS[::-1], runner=runner)
     assert counters["stats"]["unique_graphs"] == graphs
 
 
+def test_one_model_compiled_under_several_methods_runs_each_methods_own_graph():
+    """Paired timing and cost searches run dense and a hooked method on one model in one
+    process: a graph traced without TEAL's hooks (or with other thresholds) must not serve it."""
+    model, tok = tiny_model("tiny_llama")
+    torch._dynamo.reset()
+    engine = EngineConfig(compile=True, backend="eager", compaction=False)
+
+    def make(name: str, threshold: float | None) -> PruningMethod:
+        method = methods()[name]
+        if threshold is not None:
+            method.thresholds = [[threshold] * 4] * 2
+        return method
+
+    for name, threshold in [("dense", None), ("teal", 0.02), ("teal", 0.08), ("cats", None),
+                            ("dense", None)]:  # fmt: skip
+        ref, _ = generate(model, tok, make(name, threshold), REFERENCE)
+        out, _ = generate(model, tok, make(name, threshold), engine)
+        assert [c.token_ids for c in out] == [c.token_ids for c in ref]
+        assert [c.sparsity for c in out] == [c.sparsity for c in ref]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["dense", "ours"])
+@pytest.mark.parametrize("name", ["dense", "ours", "teal", "cats"])
 def test_inductor_compiled_step_generates_the_reference_tokens(name):
     model, tok = tiny_model("tiny_qwen2")
     ref, _ = generate(model, tok, methods()[name], REFERENCE)
     out, _ = generate(model, tok, methods()[name], EngineConfig(compile=True, compaction=False))
     assert [c.token_ids for c in out] == [c.token_ids for c in ref]
+    for got, want in zip(out, ref):  # generated code may sum the skipped counts in another order
+        assert got.sparsity.keys() == want.sparsity.keys()
+        for key, value in want.sparsity.items():
+            assert got.sparsity[key] == pytest.approx(value, rel=1e-12), key
+
+
+@pytest.mark.parametrize("name", ["teal", "cats"])
+def test_threshold_accounting_keeps_its_address_across_steps_and_batches(name):
+    """A CUDA graph replays the hooks' in-place adds only into static addresses: each decode step
+    of a batch size accounts into the same tensors, marked static, across batches too."""
+    model, tok = tiny_model("tiny_llama")
+    adapter = adapter_for(model)
+    method = methods()[name]
+    runner = BatchedRunner(model, tok, method, adapter, SamplingConfig(6, ignore_eos=True))
+    seen: list[tuple[int, ...]] = []
+    end_step = method.end_step
+
+    def spy(ctx):
+        out = end_step(ctx)
+        if out is not None:
+            seen.append((out.ffn.data_ptr(), out.params.data_ptr()))
+            assert all(hasattr(t, "_dynamo_static_input_type") for t in (out.ffn, out.params))
+        return out
+
+    method.end_step = spy
+    with method.attach(model, adapter):
+        runner.generate(chat(tok, PROMPTS))
+        runner.generate(chat(tok, PROMPTS[::-1]))
+    assert len(seen) == 10 and len(set(seen)) == 1
 
 
 def test_progress_inside_a_batch_sees_every_step_and_the_live_rows():
