@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 import transformers
 import yaml
+from torch._dynamo.utils import counters
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the GPU machine has no project install: import from the checkout
@@ -127,6 +128,14 @@ def attempt(run: Callable[[], list[dict]]) -> list[dict] | Exception:
         return error
 
 
+def compilations() -> dict[str, int]:
+    """Graphs dynamo has compiled and graphs inductor ran without CUDA graphs, so far in this
+    process: a compiled part whose skips rose ran kernels without capture (torch logs why, e.g. an
+    in-place write into a tensor that is not a static address), so its steps keep launch costs."""
+    return {"graphs": counters["stats"]["unique_graphs"],
+            "cudagraph_skips": counters["inductor"]["cudagraph_skips"]}  # fmt: skip
+
+
 def is_long(part: str) -> bool:
     return part.startswith("long")
 
@@ -163,13 +172,16 @@ class Record:
         versions = {"torch": torch.__version__, "transformers": transformers.__version__}
         self.data = {"args": vars(args), **versions, "parts": [], "skipped": [], "failed": []}
 
-    def add(self, name: str, rows: list[dict] | Exception | None, seconds: float) -> None:
+    def add(self, name: str, rows: list[dict] | Exception | None, seconds: float,
+            compiled: dict[str, int]) -> None:  # fmt: skip
+        """A part's outcome; `compiled`: what `compilations()` rose by while it ran."""
         if rows is None:
             self.data["skipped"].append(name)
         elif isinstance(rows, Exception):
             self.data["failed"].append({"name": name, "error": f"{type(rows).__name__}: {rows}"})
         else:
-            self.data["parts"].append({"name": name, "seconds": seconds, "rows": rows})
+            part = {"name": name, "seconds": seconds, "compiled": compiled, "rows": rows}
+            self.data["parts"].append(part)
         # the batch parts' rows, as a `make bench` record holds them: `make tables` and
         # `make figures` render a committed record like one
         short = (p["rows"] for p in self.data["parts"] if not is_long(p["name"]))
@@ -184,8 +196,10 @@ class Record:
                 f"`scripts/gpu_check.py`, torch {d['torch']}, transformers {d['transformers']}; "
                 f"settings: {json.dumps(d['args'])}\n")  # fmt: skip
         for part in d["parts"]:
-            table = markdown_table(part["rows"])
-            text += f"\n## {part['name']} ({part['seconds']:.0f} s)\n\n{table}"
+            table, c = markdown_table(part["rows"]), part["compiled"]
+            graphs = (f"; {c['graphs']} graphs compiled, {c['cudagraph_skips']} without CUDA "
+                      f"graphs" if c["graphs"] else "")  # fmt: skip
+            text += f"\n## {part['name']} ({part['seconds']:.0f} s{graphs})\n\n{table}"
         if both := eager_vs_compiled(d["parts"]):
             text += f"\n## Eager vs compiled\n\n{both}"
         if d["skipped"]:
@@ -233,11 +247,14 @@ def main() -> None:
     parts += [(f"batch {b}, {e}", partial(batch, b, e)) for b in others for e in engines]
     record = Record(args)
     parts = [(name, partial(attempt, run)) for name, run in parts]
+    seen = compilations()
     for name, rows, seconds in within_budget(parts, start + args.budget_s):
+        now = compilations()
+        compiled, seen = {k: now[k] - seen[k] for k in now}, now
         failed = " (failed)" if isinstance(rows, Exception) else ""
         log(f"{name}: skipped, the budget would not hold it" if rows is None
-            else f"{name}: {seconds:.0f} s{failed}")  # fmt: skip
-        record.add(name, rows, seconds)
+            else f"{name}: {seconds:.0f} s{failed}, compiled {compiled}")  # fmt: skip
+        record.add(name, rows, seconds, compiled)
     print(record.markdown())
 
 
