@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from baselines.dense import Dense
 from bwprune.config import build_method, compose_config
 from bwprune.generation.runner import EngineConfig
+from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
 from bwprune.provenance import provenance
@@ -43,13 +43,7 @@ def main(overrides: list[str]) -> None:
     record: dict = {"bench": OmegaConf.to_container(bench)}
     text = ""
     if "methods" in parts:
-        methods = {}
-        for label, method_overrides in bench.methods.items():
-            method_cfg = compose_config(
-                ROOT / "conf", ["+bench=default", *overrides, *method_overrides]
-            )
-            methods[label] = build_method(method_cfg.method)
-            methods[label].prepare(model, adapter, tokenizer)
+        methods = prepared(bench.methods, overrides, model, adapter, tokenizer)
         record["rows"] = measure(
             model, tokenizer, adapter, methods, list(bench.batch_sizes), bench.new_tokens,
             bench.prompt_len, bench.repeats, bench.warmup, cfg.seed, bench.hf_generate,
@@ -57,10 +51,13 @@ def main(overrides: list[str]) -> None:
         )  # fmt: skip
         text += f"{markdown_table(record['rows'])}\n"
     if "overhead" in parts:
-        thin_cfg = compose_config(ROOT / "conf", [f"model={bench.overhead.model}"]).model
+        thin_overrides = [*overrides, f"model={bench.overhead.model}"]
+        thin_cfg = compose_config(ROOT / "conf", ["+bench=default", *thin_overrides]).model
         thin, thin_tok = load_model(thin_cfg, cfg.paths.cache_dir)
+        thin_adapter = adapter_for(thin)
+        probes = prepared(bench.overhead.methods, thin_overrides, thin, thin_adapter, thin_tok)
         record["overhead"] = measure(
-            thin, thin_tok, adapter_for(thin), {"dense": Dense()},
+            thin, thin_tok, thin_adapter, probes,
             list(bench.overhead.batch_sizes), bench.overhead.new_tokens, bench.prompt_len,
             bench.repeats, bench.warmup, cfg.seed, with_hf_generate=False, log=print,
             engines=engines,
@@ -87,6 +84,18 @@ def main(overrides: list[str]) -> None:
     (out / f"{key}.md").write_text(f"# Speed: {key}\n\n{text}")
     print(text)
     print(f"wrote {out / key}.json and .md")
+
+
+def prepared(specs, overrides: list[str], model, adapter, tokenizer) -> dict[str, PruningMethod]:
+    """Label -> method built from `overrides` + its own config overrides, prepared on `model`."""
+    methods = {}
+    for label, method_overrides in specs.items():
+        method_cfg = compose_config(
+            ROOT / "conf", ["+bench=default", *overrides, *method_overrides]
+        )
+        methods[label] = build_method(method_cfg.method)
+        methods[label].prepare(model, adapter, tokenizer)
+    return methods
 
 
 if __name__ == "__main__":
