@@ -266,7 +266,8 @@ def test_each_continuous_run_is_shown_beside_its_static_twin_only():
     assert set(static_runs(runs)["run_key"]) == {"s-max-4", "s-decay-4"}
 
 
-def test_a_compiled_stream_computes_the_eager_stream_and_never_recompiles():
+@pytest.mark.parametrize("name", ["ours", "teal"])
+def test_a_compiled_stream_computes_the_eager_stream_and_never_recompiles(name):
     """Decode shapes stay static through refills and rebases, so the captured step (dynamo,
     backend `eager`) replays: the same logits, and a second stream adds no graph."""
     from torch._dynamo.utils import counters
@@ -275,7 +276,7 @@ def test_a_compiled_stream_computes_the_eager_stream_and_never_recompiles():
     forced = references(len(TEXTS))
 
     def run_with(engine):
-        runner, hooks, ids = setup(tiny, BWAP(0.5, t_init=2, t_prune=3, t_explore=2), engine)
+        runner, hooks, ids = setup(tiny, methods(shared=True)[name], engine)
         with hooks:
             _, logits, _, stream = streamed(runner, 3, ids, forced)
         return runner, hooks, ids, logits, stream
@@ -288,6 +289,7 @@ def test_a_compiled_stream_computes_the_eager_stream_and_never_recompiles():
     for key, row in eager.items():
         torch.testing.assert_close(compiled[key], row, atol=1e-5, rtol=1e-5)
     graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 1  # the stream's decode steps ran compiled
     model = tiny[0]
     with runner.method.attach(model, adapter_for(model)):  # the first hooks were removed
         streamed(runner, 3, ids, forced)
