@@ -36,7 +36,11 @@ from bwprune.models.adapters import ModelAdapter
 
 @dataclass(frozen=True)
 class StepSparsity:
-    """What one forward skipped: returned by `PruningMethod.end_step` (None = dense forward)."""
+    """What one forward skipped: returned by `PruningMethod.end_step` (None = dense forward).
+
+    Valid until the next forward begins: a method may hand out tensors it reuses every step (the
+    threshold methods do, for CUDA graphs), so a consumer that keeps one clones it.
+    """
 
     ffn: torch.Tensor  # (L,) shared by the batch, or (B, L) per row: fraction of the FFN skipped
     params: torch.Tensor | None = None  # () or (B,): parameters skipped; None = FFN neurons only

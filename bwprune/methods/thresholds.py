@@ -64,13 +64,15 @@ class ThresholdMethod(PruningMethod):
 
     def attach(self, model: nn.Module, adapter: ModelAdapter) -> HookSet:
         hooks = HookSet()
-        self._num_layers, self._skipped = len(adapter.layers), {}
+        self._num_layers = len(adapter.layers)
         if self.sparsity > 0:  # ρ = 0: no hook at all, exactly dense
             self.install(hooks, adapter)
         return hooks
 
     def begin_step(self, ctx: StepContext) -> None:
         self._ctx = ctx
+        if self.sparsity == 0:  # no hooks: nothing to threshold or account
+            return
         if ctx.phase is Phase.PREFILL:
             n = ctx.valid.sum(dim=1, keepdim=True)  # (B, 1) prompt lengths
             from_right = ctx.valid.flip(-1).cumsum(-1).flip(-1)  # valid tokens at or after t
@@ -79,15 +81,23 @@ class ThresholdMethod(PruningMethod):
         else:
             self._ffn, self._params = self._step_accounting(ctx.batch_size, ctx.valid.device)
 
-    def _step_accounting(self, batch: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    def _step_accounting(
+        self, batch: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Zeroed (B, L) FFN fractions and (B,) parameters that this decode step's hooks add into.
 
-        One pair per batch size, zeroed in place every step and marked as static addresses: a CUDA
-        graph replays in-place writes only into tensors whose address never changes (others make
-        torch skip the capture), and the ledger reads them before the next step starts.
+        One pair per batch size for the method's life (attach after attach), zeroed in place every
+        step and marked as static addresses: a CUDA graph replays in-place writes only into
+        tensors whose address never changes (torch skips capturing a graph that writes elsewhere,
+        and re-records one whose static input moved), and the ledger reads them before the next
+        step starts.
         """
         buffers = self._skipped.get(batch)
-        if buffers is None or buffers[0].device != device:
+        if (
+            buffers is None
+            or buffers[0].device != device
+            or buffers[0].shape[1] != self._num_layers
+        ):
             buffers = (
                 torch.zeros(batch, self._num_layers, dtype=torch.float64, device=device),
                 torch.zeros(batch, dtype=torch.float64, device=device),

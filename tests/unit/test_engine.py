@@ -162,8 +162,9 @@ def test_inductor_compiled_step_generates_the_reference_tokens(name):
 
 @pytest.mark.parametrize("name", ["teal", "cats"])
 def test_threshold_accounting_keeps_its_address_across_steps_and_batches(name):
-    """A CUDA graph replays the hooks' in-place adds only into static addresses: each decode step
-    of a batch size accounts into the same tensors, marked static, across batches too."""
+    """A CUDA graph replays the hooks' in-place adds only into static addresses (and re-records
+    when one moves): each decode step of a batch size accounts into the same tensors, marked
+    static, across batches and attaches (every batch attaches anew)."""
     model, tok = tiny_model("tiny_llama")
     adapter = adapter_for(model)
     method = methods()[name]
@@ -179,9 +180,9 @@ def test_threshold_accounting_keeps_its_address_across_steps_and_batches(name):
         return out
 
     method.end_step = spy
-    with method.attach(model, adapter):
-        runner.generate(chat(tok, PROMPTS))
-        runner.generate(chat(tok, PROMPTS[::-1]))
+    for prompts in (PROMPTS, PROMPTS[::-1]):
+        with method.attach(model, adapter):
+            runner.generate(chat(tok, prompts))
     assert len(seen) == 10 and len(set(seen)) == 1
 
 
