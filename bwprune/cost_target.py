@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from bwprune.benchmarks.base import Benchmark, Example
 from bwprune.config import build_method
@@ -163,12 +163,16 @@ class CostTarget:
         model, tokenizer = load_model(cfg.model, cfg.paths.cache_dir)
         batches = shard_batches(work_items(self.problems, 1), cfg.batch_size, 0, 1)
         sampling = SamplingConfig.from_config(cfg.generation, self.max_new_tokens)
+        # Eager: every trial is a new model copy and method, so a compiled step would compile
+        # anew per trial (tens of seconds per graph on a GPU) to save milliseconds; the engine
+        # changes speed, never the sparsity measured here.
+        eager = OmegaConf.merge(cfg.generation, {"compile": False})
 
         def measure(rho: float) -> float:
             trial_cfg = with_rho(cfg, rho)
             method = build_method(trial_cfg.method)
             p = prepare_loaded(copy.deepcopy(model), tokenizer, method)
-            runner = p.runner(sampling, cfg.seed, cfg.generation)
+            runner = p.runner(sampling, cfg.seed, eager)
             rows = []
             with method.attach(p.model, p.adapter):
                 for batch in batches:

@@ -14,6 +14,7 @@ from bwprune import experiment
 from bwprune.cli import interrupted
 from bwprune.config import build
 from bwprune.cost_target import CostTarget, Trial, next_rho, search_rho
+from bwprune.engine.step import DecodeStep
 from bwprune.errors import UserError
 from bwprune.experiment import run
 from bwprune.records import RunRecorder, run_key
@@ -63,6 +64,23 @@ def test_a_run_reaches_its_target_cost_on_the_calibration_problems(cfg_factory, 
     plain = run(cfg_factory("model=tiny_llama", "batch_size=2", f"method={method}",
                             f"sparsity={cost['rho']}", f"subset=[{','.join(ids)}]"))  # fmt: skip
     assert plain["metrics"]["realized_sparsity"]["params"] == pytest.approx(cost["realized"])
+
+
+def test_the_search_runs_eager_and_the_run_as_configured(cfg_factory, monkeypatch):
+    """Each trial is a new model copy and method: compiled, every trial would compile anew."""
+    compiled: list[bool] = []
+    init = DecodeStep.__init__
+
+    def spy(self, model, compiled_flag, *args, **kwargs):
+        compiled.append(compiled_flag)
+        init(self, model, compiled_flag, *args, **kwargs)
+
+    monkeypatch.setattr(DecodeStep, "__init__", spy)
+    cfg = cfg_factory(*TINY, "method=teal", "cost.target=0.2", "generation.compile=true",
+                      "generation.compile_backend=eager", "speed.paired=false")  # fmt: skip
+    record = run(cfg)
+    trials = len(record["metrics"]["cost"]["trials"])
+    assert compiled[:trials] == [False] * trials and compiled[trials:] and all(compiled[trials:])
 
 
 def test_a_resumed_run_reuses_its_search(cfg_factory, monkeypatch):
