@@ -11,15 +11,18 @@ batching of a heavy-tailed workload.
 
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
+from torch import nn
+from transformers import PreTrainedTokenizerBase
 
 from bwprune.config import build_method, compose_config
 from bwprune.generation.runner import EngineConfig
 from bwprune.methods.base import PruningMethod
-from bwprune.models.adapters import adapter_for
+from bwprune.models.adapters import ModelAdapter, adapter_for
 from bwprune.models.loading import load_model
 from bwprune.provenance import provenance
 from bwprune.report.speed_table import compaction_line, markdown_table, stream_line
@@ -86,7 +89,13 @@ def main(overrides: list[str]) -> None:
     print(f"wrote {out / key}.json and .md")
 
 
-def prepared(specs, overrides: list[str], model, adapter, tokenizer) -> dict[str, PruningMethod]:
+def prepared(
+    specs: Mapping[str, list[str]],
+    overrides: list[str],
+    model: nn.Module,
+    adapter: ModelAdapter,
+    tokenizer: PreTrainedTokenizerBase,
+) -> dict[str, PruningMethod]:
     """Label -> method built from `overrides` + its own config overrides, prepared on `model`."""
     methods = {}
     for label, method_overrides in specs.items():

@@ -121,6 +121,9 @@ def test_the_check_runs_every_part_on_cpu(tmp_path):
     assert len(speed_table("gpu", record["rows"]).frame) == len(batch_rows)
     summary = (tmp_path / "out" / "tiny_llama_random_cpu.md").read_text().split("## Eager vs")[1]
     assert "| long | dense |" in summary and "| batch 2 | ours_frozen |" in summary
+    teal = next(line for line in summary.splitlines() if line.startswith("| batch 1 | teal |"))
+    eager, compiled = (float(v) for v in teal.split("|")[-2].split(" / "))
+    assert eager > 0.1 and compiled == pytest.approx(eager, abs=0.02)  # the graph accounts too
 
 
 @pytest.mark.slow
