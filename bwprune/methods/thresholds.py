@@ -56,7 +56,7 @@ class ThresholdMethod(PruningMethod):
         self.batch_coupled = shared_mask  # a shared mask couples the rows of a batch
         self.calibration, self.cache_dir = calibration, cache_dir
         self._num_layers = 0
-        self._skipped: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # batch size -> buffers
+        self._skipped: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # see _step_accounting
 
     def install(self, hooks: HookSet, adapter: ModelAdapter) -> None:
         """Register the thresholding hooks (called only when sparsity > 0)."""
@@ -86,25 +86,22 @@ class ThresholdMethod(PruningMethod):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Zeroed (B, L) FFN fractions and (B,) parameters that this decode step's hooks add into.
 
-        One pair per batch size for the method's life (attach after attach), zeroed in place every
-        step and marked as static addresses: a CUDA graph replays in-place writes only into
-        tensors whose address never changes (torch skips capturing a graph that writes elsewhere,
-        and re-records one whose static input moved), and the ledger reads them before the next
-        step starts.
+        One pair per (batch size, model depth, device) for the method's life (attach after
+        attach), zeroed in place every step and marked as static addresses: a CUDA graph replays
+        in-place writes only into tensors whose address never changes (torch skips capturing a
+        graph that writes elsewhere, and re-records one whose static input moved), and the ledger
+        reads them before the next step starts.
         """
-        buffers = self._skipped.get(batch)
-        if (
-            buffers is None
-            or buffers[0].device != device
-            or buffers[0].shape[1] != self._num_layers
-        ):
+        key = (batch, self._num_layers, device)
+        buffers = self._skipped.get(key)
+        if buffers is None:
             buffers = (
                 torch.zeros(batch, self._num_layers, dtype=torch.float64, device=device),
                 torch.zeros(batch, dtype=torch.float64, device=device),
             )
             for b in buffers:
                 torch._dynamo.mark_static_address(b, guard=False)
-            self._skipped[batch] = buffers
+            self._skipped[key] = buffers
         else:
             for b in buffers:
                 b.zero_()
