@@ -29,7 +29,7 @@ neurons dropped (`ffn`) and their W_up rows and W_down columns (`params`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -38,7 +38,7 @@ from transformers import PreTrainedTokenizerBase
 from bwprune.errors import UserError
 from bwprune.hooks import HookSet
 from bwprune.methods.calibrated import LayerStream, calibration_artifact
-from bwprune.methods.thresholds import ThresholdMethod
+from bwprune.methods.thresholds import SiteCost, ThresholdMethod
 from bwprune.models.adapters import FFNView, ModelAdapter
 
 # `LlamaSparseSiluMLP.__init__`: num_bins = 1000 -> 999 bins of width ≈ 0.002 on [-1, 1].
@@ -58,16 +58,17 @@ def quantile_edge(counts: torch.Tensor, sparsity: float) -> torch.Tensor:
 class CATS(ThresholdMethod):
     """Per-layer threshold on |SiLU(W_gate x)|; dropped neurons skip W_up and W_down."""
 
+    sites = ("gate_act",)
+
     def __init__(
         self,
         sparsity: float,
-        shared_mask: bool = True,
-        aggregate: str = "mean",
-        calibration: Mapping | None = None,
-        cache_dir: str | None = None,
+        shared_mask: bool,
+        aggregate: str,
+        calibration: Mapping | None,
+        cache_dir: str | None,
     ) -> None:
         super().__init__(sparsity, shared_mask, aggregate, calibration, cache_dir)
-        self.thresholds: list[float] = []  # t_l
 
     def prepare(
         self, model: nn.Module, adapter: ModelAdapter, tokenizer: PreTrainedTokenizerBase
@@ -82,7 +83,10 @@ class CATS(ThresholdMethod):
             "cats", model, adapter, tokenizer, self.calibration, self.cache_dir,
             {"edges": len(EDGES)}, lambda stream: self._histograms(stream, ffns),
         )  # fmt: skip
-        self.thresholds = quantile_edge(hist["counts"], self.sparsity).tolist()
+        self.thresholds = [[t] for t in quantile_edge(hist["counts"], self.sparsity).tolist()]
+        # A dropped neuron skips its W_up row and W_down column.
+        self.costs = [[SiteCost(1.0 / f.d_ff, float(f.up.in_features + f.down.out_features))]
+                      for f in ffns]  # fmt: skip
 
     @staticmethod
     def _histograms(stream: LayerStream, ffns: list[FFNView]) -> dict[str, torch.Tensor]:
@@ -98,18 +102,3 @@ class CATS(ThresholdMethod):
                 hooks.forward(f.gate, add)
                 stream.advance(f.index)
         return {"counts": counts}
-
-    def install(self, hooks: HookSet, adapter: ModelAdapter) -> None:
-        for f in adapter.ffns():
-            hooks.forward(f.gate, self._gate(f))
-
-    def _gate(self, f: FFNView) -> Callable[[nn.Module, tuple, torch.Tensor], torch.Tensor]:
-        """Forward hook on W_gate: zero the pre-activation of the neurons below t_l."""
-        threshold = self.thresholds[f.index]
-        per_neuron = float(f.up.in_features + f.down.out_features)  # a W_up row + a W_down column
-
-        def hook(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
-            keep = self.keep(f.index, f.act(out).abs(), threshold, 1.0 / f.d_ff, per_neuron)
-            return out.masked_fill(~keep, 0)
-
-        return hook

@@ -7,12 +7,13 @@ attention input -> q, k, v; attention output -> o; MLP input -> gate, up; MLP in
 act(W_gate x) ⊙ W_up x -> down. A zeroed input channel is a weight column a GEMV kernel never reads.
 
 Calibration (as `grab_acts.py` + `find_histogram`): the dense model runs layer by layer over the
-calibration windows; per (layer, hidden state) all values go into a 10,000-bin histogram, 9,999
-even edges between the 1st and 99th percentiles plus the extreme values as outer edges. The
-threshold for sparsity s is t = F⁻¹(1/2 + s/2) of the *signed* distribution (`Distribution.icdf`,
-linear between bin centres), which assumes a zero-mean symmetric distribution; q/k/v and gate/up
-share a histogram. Uniform sparsity: every projection of every layer gets the same s, as paper A
-ran TEAL (paper-specs A.7); the block-wise greedy allocation (`greedyopt.py`) is not used.
+calibration windows; per (layer, hidden state) all values go into a 10,000-bin histogram, 9,999 even
+edges between the 1st and 99th percentiles plus the extreme values as outer edges. The threshold for
+sparsity s is t = F⁻¹(1/2 + s/2) of the *signed* distribution (`Distribution.icdf`, linear between
+bin centres), which assumes a zero-mean symmetric distribution; q/k/v and gate/up share a histogram.
+Uniform sparsity: every projection of every layer gets the same s, as paper A ran TEAL
+(docs/paper-notes.md#baselines-in-batches); the block-wise greedy allocation (`greedyopt.py`) is not
+used.
 
 Batches. `shared_mask: false` is TEAL's own per-token behaviour (each row as at batch 1).
 `shared_mask: true` is paper A's batched protocol: each decode step aggregates the per-row
@@ -22,6 +23,9 @@ so the batch skips one set of input channels (see `bwprune.methods.thresholds`).
 Prefill: the accuracy path thresholds only the last ⌊S/2⌋ prompt tokens (`apply_prefill=True`,
 the setting of the paper's evals; its speed path keeps prefill dense): `prefill_fraction` 0.5,
 applied to each row's own prompt length so rows stay independent under left padding.
+
+Sites: q/k/v read one hidden state and gate/up another, so each is masked once for the
+projections that read it (its cost counts all of them).
 
 Deviations: (1) calibration text is WikiText-2 `valid.txt` (TEAL used Alpaca, 10 × 2048 tokens;
 paper A's text names none, a third-party note says C4), sized by `conf/calibration`; (2) the
@@ -34,7 +38,7 @@ ledger counts what TEAL's kernel would skip: per row, Σ over projections of dro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -43,7 +47,7 @@ from transformers import PreTrainedTokenizerBase
 from bwprune.errors import UserError
 from bwprune.hooks import HookSet
 from bwprune.methods.calibrated import LayerStream, calibration_artifact
-from bwprune.methods.thresholds import ThresholdMethod
+from bwprune.methods.thresholds import SiteCost, ThresholdMethod
 from bwprune.models.adapters import ModelAdapter
 
 # The hidden states entering q/k/v, o, gate/up and down.
@@ -81,16 +85,18 @@ def icdf(counts: torch.Tensor, centres: torch.Tensor, q: float) -> torch.Tensor:
 class TEAL(ThresholdMethod):
     """Magnitude thresholds on the inputs of q/k/v/o/gate/up/down, calibrated per tensor."""
 
+    sites = SITES
+
     def __init__(
         self,
         sparsity: float,
-        shared_mask: bool = True,
-        aggregate: str = "mean",
-        prefill_fraction: float = 0.5,
-        num_bins: int = 10000,
-        outlier_fraction: float = 0.01,
-        calibration: Mapping | None = None,
-        cache_dir: str | None = None,
+        shared_mask: bool,
+        aggregate: str,
+        prefill_fraction: float,
+        num_bins: int,
+        outlier_fraction: float,
+        calibration: Mapping | None,
+        cache_dir: str | None,
     ) -> None:
         super().__init__(sparsity, shared_mask, aggregate, calibration, cache_dir)
         if not 0.0 <= prefill_fraction <= 1.0:
@@ -101,7 +107,6 @@ class TEAL(ThresholdMethod):
             raise UserError(f"outlier_fraction={outlier_fraction} is outside [0, 0.5)")
         self.prefill_fraction = prefill_fraction
         self.num_bins, self.outlier_fraction = num_bins, outlier_fraction
-        self.thresholds: list[list[float]] = []  # [layer][site]
 
     def prepare(
         self, model: nn.Module, adapter: ModelAdapter, tokenizer: PreTrainedTokenizerBase
@@ -115,6 +120,19 @@ class TEAL(ThresholdMethod):
         )  # fmt: skip
         # Uniform sparsity: t = F⁻¹(1/2 + s/2) for every tensor (`SparsifyFn.set_threshold`).
         self.thresholds = icdf(hist["counts"], hist["centres"], 0.5 + self.sparsity / 2).tolist()
+        self.costs = [self._costs(adapter, i) for i in range(len(adapter.layers))]
+
+    @staticmethod
+    def _costs(adapter: ModelAdapter, layer: int) -> list[SiteCost]:
+        """A dropped input channel skips one weight column of every projection reading it."""
+        attn, ffn = adapter.attn(layer), adapter.ffn(layer)
+        readers = ((attn.q, attn.k, attn.v), (attn.o,), (ffn.gate, ffn.up), (ffn.down,))
+        costs = []
+        for site, projections in zip(SITES, readers):
+            params = sum(p.out_features for p in projections)
+            costs.append(SiteCost(params / ffn.num_params if site.startswith("mlp") else 0.0,
+                                  float(params)))  # fmt: skip
+        return costs
 
     def _histograms(self, stream: LayerStream, adapter: ModelAdapter) -> dict[str, torch.Tensor]:
         """Dense layer-by-layer pass: one histogram per (layer, site), (L, 4, num_bins)."""
@@ -132,27 +150,3 @@ class TEAL(ThresholdMethod):
             counts.append(torch.stack([c for c, _ in layer]))
             centres.append(torch.stack([x for _, x in layer]))
         return {"counts": torch.stack(counts), "centres": torch.stack(centres)}
-
-    def install(self, hooks: HookSet, adapter: ModelAdapter) -> None:
-        for i in range(len(adapter.layers)):
-            attn, ffn = adapter.attn(i), adapter.ffn(i)
-            projections = ((attn.q, attn.k, attn.v), (attn.o,), (ffn.gate, ffn.up), (ffn.down,))
-            for s, modules in enumerate(projections):
-                for proj in modules:
-                    in_ffn = SITES[s].startswith("mlp")
-                    share = proj.out_features / ffn.num_params if in_ffn else 0.0
-                    hook = self._sparsify(i, self.thresholds[i][s], proj.out_features, share)
-                    hooks.forward_pre(proj, hook)
-
-    def _sparsify(
-        self, layer: int, threshold: float, out_features: int, ffn_share: float
-    ) -> Callable[[nn.Module, tuple], tuple]:
-        """Pre-hook: x ⊙ 1[|x| > t] on this projection's input (one `SparsifyFn`). A dropped
-        input channel skips `out_features` weights, `ffn_share` of the layer's FFN weights."""
-
-        def hook(module: nn.Module, args: tuple) -> tuple:
-            x = args[0]
-            keep = self.keep(layer, x.abs(), threshold, ffn_share, float(out_features))
-            return (x.masked_fill(~keep, 0),)
-
-        return hook

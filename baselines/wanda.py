@@ -4,10 +4,10 @@ ICLR 2024).
 Official code: github.com/locuslab/wanda @ 8e8fc87 (`lib/prune.py` `prune_wanda`,
 `lib/layerwrapper.py`). For every linear layer of every decoder layer (q, k, v, o, gate, up, down;
 embeddings and lm_head untouched) with weight W (out × in) and calibration inputs X (tokens × in),
-S_ij = |W_ij| · ‖X_{:,j}‖₂, and within each output row the lowest-scored weights are zeroed:
-⌊in · ρ⌋ of them (stable sort) for `unstructured`, or N of every M consecutive inputs for `N:M`
-(`2:4` is paper A's setting, paper-specs A.7). Layers are pruned in order and each layer's
-statistics are taken on the outputs of the already-pruned layers before it.
+S_ij = |W_ij| · ‖X_{:,j}‖₂, and within each output row the lowest-scored weights are zeroed: ⌊in ·
+ρ⌋ of them (stable sort) for `unstructured`, or N of every M consecutive inputs for `N:M` (`2:4` is
+paper A's setting, docs/paper-notes.md#baselines-in-batches). Layers are pruned in order and each
+layer's statistics are taken on the outputs of the already-pruned layers before it.
 
 Batches: weight sparsity is static, so rows are independent at any batch size; the mask is fixed
 in `prepare` (the model's weights are edited there; nothing is attached at generation time).
@@ -32,10 +32,9 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from bwprune.engine.ledger import StepSparsity
 from bwprune.errors import UserError
 from bwprune.hooks import HookSet
-from bwprune.methods.base import PruningMethod, StepContext
+from bwprune.methods.base import PruningMethod, StepContext, StepSparsity, check_sparsity
 from bwprune.methods.calibrated import LayerStream, calibration_artifact
 from bwprune.models.adapters import ModelAdapter
 
@@ -73,12 +72,11 @@ class Wanda(PruningMethod):
     def __init__(
         self,
         sparsity: float,
-        pattern: str = "2:4",
-        calibration: Mapping | None = None,
-        cache_dir: str | None = None,
+        pattern: str,
+        calibration: Mapping | None,
+        cache_dir: str | None,
     ) -> None:
-        if not 0.0 <= sparsity < 1.0:
-            raise UserError(f"sparsity={sparsity} is outside [0, 1)")
+        check_sparsity(sparsity)
         self.nm = parse_pattern(pattern)
         if self.nm and sparsity > 0 and abs(sparsity - self.nm[0] / self.nm[1]) > 1e-9:
             raise UserError(

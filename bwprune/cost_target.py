@@ -174,10 +174,9 @@ class CostTarget:
             p = prepare_loaded(copy.deepcopy(model), tokenizer, method)
             runner = p.runner(sampling, cfg.seed, eager)
             rows = []
-            with method.attach(p.model, p.adapter):
-                for batch in batches:
-                    ids, attn = runner.encode(batch_prompts(tokenizer, cfg.model, batch))
-                    rows += [c.sparsity for c in runner.generate_tokens(ids, attn)[0]]
+            for batch in batches:
+                ids, attn = runner.encode(batch_prompts(tokenizer, cfg.model, batch))
+                rows += [c.sparsity for c in runner.generate_tokens(ids, attn)[0]]
             realized = combine(rows)[self.quantity]
             log.info("cost search: %s at ρ %g realized %s %.4f (target %g ± %g)",
                      method_name(cfg), rho, self.quantity, realized, self.target,

@@ -2,14 +2,14 @@
 benchmark (`bwprune.benchmarks.wikitext2`).
 
 Every batch of windows is one scoring forward of `bwprune.engine.protocol.MethodDriver`: the
-method sees it exactly as it sees the runner's prefill (`attach` around the whole evaluation, a
+method sees it exactly as it sees the runner's prefill (attached around the whole evaluation, a
 new batch per batch of windows, a PREFILL step whose tokens are all valid: windows are unpadded).
 A method therefore acts here as it acts on a prompt: static methods (dense, Wanda, TriSP) fully;
 dynamic ones (TEAL, CATS, Griffin, ours) with whatever their prefill rule is — e.g. a method that
-stays dense during prefill measures the dense perplexity. The caller runs `method.prepare` first,
-as for generation. The ledger measures each window's forward once (its definition); TEAL and CATS
-report no prefill sparsity, so their perplexity runs show realized sparsity 0 although their
-prefill rule thresholds part of each window.
+stays dense during prefill measures the dense perplexity. The caller prepares the method first,
+as for generation (`MethodDriver.prepare`). The ledger measures each window's forward once (its
+definition); TEAL and CATS report no prefill sparsity, so their perplexity runs show realized
+sparsity 0 although their prefill rule thresholds part of each window.
 
 Perplexity = exp(Σ NLL / n) over all scored tokens (not a mean of per-window perplexities).
 """
@@ -82,12 +82,12 @@ def evaluate_perplexity(
     device = next(model.parameters()).device
     ids = benchmark.token_ids(tokenizer)
     windows = benchmark.windows(len(ids))[:limit]
-    driver = MethodDriver(method, ledger or SparsityLedger(adapter, device))
+    driver = MethodDriver(method, model, adapter, ledger)
     total = torch.zeros((), dtype=torch.float64, device=device)
     n_tokens = 0
     rows: list[dict] = []
     start = time.perf_counter()
-    with method.attach(model, adapter):
+    with driver.attached():
         for batch in _batches(windows, batch_size):
             x = torch.stack([ids[w.begin : w.end] for w in batch]).to(device)
             b, t = x.shape

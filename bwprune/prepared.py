@@ -16,6 +16,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from bwprune.engine.ledger import SparsityLedger
+from bwprune.engine.protocol import MethodDriver
 from bwprune.generation.runner import BatchedRunner, EngineConfig, SamplingConfig
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import ModelAdapter, adapter_for
@@ -61,7 +62,7 @@ def prepare_loaded(
     method: PruningMethod,
     before_prepare: Callable[[PreparedModel], None] | None = None,
 ) -> PreparedModel:
-    """Build the sparsity ledger on `model` as it is, then run `method.prepare` on it.
+    """Build the sparsity ledger on `model` as it is, then prepare `method` on it.
 
     A method that prunes statically in `prepare` edits `model` (pass a copy to keep the original)
     and reports what it removed relative to it; `before_prepare` sees it unpruned too (dense
@@ -72,5 +73,5 @@ def prepare_loaded(
     prepared = PreparedModel(model, tokenizer, adapter, method, ledger)
     if before_prepare is not None:
         before_prepare(prepared)
-    method.prepare(model, adapter, tokenizer)
+    MethodDriver(method, model, adapter, ledger).prepare(tokenizer)
     return prepared

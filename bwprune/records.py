@@ -55,6 +55,9 @@ LATE_OPTIONS = {
     ("method", "memory_window"): 4,
     ("method", "on_enter"): "prompt",
 }
+# Method classes renamed after runs were recorded: a run's identity names the class as it was
+# recorded, so a rename re-keys nothing.
+RENAMED_TARGETS = {"bwprune.methods.ours.Ours": "bwprune.methods.ours.BWAP"}
 # Blocks that change nothing while their switch is null: out of a run's identity then, so adding
 # one re-keys no recorded run.
 SWITCHED_BLOCKS = {"cost": "target"}
@@ -95,6 +98,9 @@ def _identity(resolved: dict, data_dir: str) -> dict:
     for block, switch in SWITCHED_BLOCKS.items():
         if kept.get(block, {}).get(switch) is None:
             kept.pop(block, None)
+    target = kept.get("method", {}).get("_target_")
+    if target in RENAMED_TARGETS:
+        kept["method"] = {**kept["method"], "_target_": RENAMED_TARGETS[target]}
     for group, dropped in (("method", ("name",)), ("generation", ENGINE_KEYS)):
         if group in kept:
             kept[group] = {k: v for k, v in kept[group].items() if k not in dropped}

@@ -56,8 +56,7 @@ def remeasure(run_dir: str | Path, current: DictConfig) -> dict:
         keys = batch_keys(timing)
         batch = [(examples[i], k) for i, k in keys]
         ids, attn = runner.encode(batch_prompts(prepared.tokenizer, cfg.model, batch))
-        with method.attach(prepared.model, prepared.adapter):
-            completions, _ = runner.generate_tokens(ids, attn)
+        completions, _ = runner.generate_tokens(ids, attn)
         timing["paired"] = paired.measure(ids, attn, completions)
         timing["paired"]["replayed_equal"] = sum(
             c.text == recorded[key] for c, key in zip(completions, keys)

@@ -24,11 +24,12 @@ import torch
 from omegaconf import DictConfig
 
 from bwprune.config import build, build_method, compose_config
-from bwprune.engine.ledger import SparsityLedger, StepSparsity
+from bwprune.engine.ledger import SparsityLedger
 from bwprune.errors import UserError
 from bwprune.generation.prompts import render_prompt
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.hooks import HookSet
+from bwprune.methods.base import StepSparsity
 from bwprune.models.adapters import ModelAdapter
 from bwprune.prepared import PreparedModel, prepare_model
 from bwprune.provenance import provenance
@@ -60,8 +61,7 @@ def sparsity_trace(runner: BatchedRunner, adapter: ModelAdapter, prompts: list[s
     """Per-decode-step FFN sparsity of one batch; `runner.ledger` must be a `StepTrace`."""
     if not isinstance(runner.ledger, StepTrace):
         raise TypeError("sparsity_trace needs a runner built with a StepTrace ledger")
-    with runner.method.attach(runner.model, adapter):
-        runner.generate(prompts)
+    runner.generate(prompts)
     return list(runner.ledger.per_step)
 
 
@@ -82,7 +82,7 @@ def activation_trace(
         if h.shape[1] == 1:  # a decode step (prefill feeds the whole prompt at once)
             rows.append(h[0, 0].abs().float().cpu())
 
-    with HookSet() as hooks, runner.method.attach(runner.model, adapter):
+    with HookSet() as hooks:
         hooks.forward_pre(ffn.down, keep)
         runner.generate([prompt])
     if not rows:

@@ -20,6 +20,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from bwprune.config import build_method, compose_config
+from bwprune.engine.protocol import MethodDriver
 from bwprune.generation.runner import EngineConfig
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import ModelAdapter, adapter_for
@@ -103,7 +104,7 @@ def prepared(
             ROOT / "conf", ["+bench=default", *overrides, *method_overrides]
         )
         methods[label] = build_method(method_cfg.method)
-        methods[label].prepare(model, adapter, tokenizer)
+        MethodDriver(methods[label], model, adapter).prepare(tokenizer)
     return methods
 
 

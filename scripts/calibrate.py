@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from bwprune.config import build_method, compose_config, validate
+from bwprune.engine.protocol import MethodDriver
 from bwprune.errors import UserError
 from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
@@ -21,7 +22,7 @@ if __name__ == "__main__":
         validate(cfg)
         method = build_method(cfg.method)
         model, tokenizer = load_model(cfg.model, cfg.paths.cache_dir)
-        method.prepare(model, adapter_for(model), tokenizer)
+        MethodDriver(method, model, adapter_for(model)).prepare(tokenizer)
     except UserError as e:
         sys.exit(f"error: {e}")
     print(f"calibrated {cfg.method._target_} for {cfg.model.name} (cache: {cfg.paths.cache_dir})")

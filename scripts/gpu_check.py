@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))  # the GPU machine has no project install: import 
 
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
+from bwprune.engine.protocol import MethodDriver  # noqa: E402
 from bwprune.generation.runner import EngineConfig  # noqa: E402
 from bwprune.models.adapters import adapter_for  # noqa: E402
 from bwprune.models.byte_tokenizer import byte_tokenizer  # noqa: E402
@@ -231,7 +232,7 @@ def main() -> None:
     methods = {label: build_method(spec, args.sparsity, vars(args))
                for label, spec in args.methods.items()}  # fmt: skip
     for method in methods.values():
-        method.prepare(model, adapter, tokenizer)
+        MethodDriver(method, model, adapter).prepare(tokenizer)
     log(f"prepared {', '.join(methods)}")
     engines = {"eager": EngineConfig(backend=args.backend),
                "compiled": EngineConfig(compile=True, backend=args.backend)}  # fmt: skip

@@ -5,13 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import hydra
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from bwprune.config import package_data_dir, register_resolvers
+from bwprune.engine.protocol import MethodDriver
 from bwprune.generation.runner import BatchedRunner
+from bwprune.methods.base import PruningMethod
+from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
 
 register_resolvers()
@@ -28,6 +32,24 @@ def compose_cfg(overrides: list[str] = (), tmp_path: Path | None = None) -> Dict
     extra = [f"paths.results_dir={tmp_path}"] if tmp_path is not None else []
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         return compose("config", overrides=["progress=false", *QUICK_SPEED, *extra, *overrides])
+
+
+def method_from_conf(name: str, *overrides: str, cls: type | None = None, **args) -> PruningMethod:
+    """The method of conf/method/<name>.yaml with its defaults (config overrides `overrides`),
+    `args` replacing constructor arguments; `cls` builds a test subclass instead of `_target_`.
+    The yaml is the one source of a method's defaults, in tests too."""
+    node = OmegaConf.to_container(compose_cfg([f"method={name}", *overrides]).method, resolve=True)
+    node.pop("name")
+    target = cls or hydra.utils.get_class(node["_target_"])
+    node.pop("_target_")
+    return target(**{**node, **args})
+
+
+def prepared(method: PruningMethod, model, tokenizer) -> MethodDriver:
+    """A driver with `method` prepared on `model` (as every run prepares it)."""
+    driver = MethodDriver(method, model, adapter_for(model))
+    driver.prepare(tokenizer)
+    return driver
 
 
 def small_calibration(folder: Path) -> list[str]:
@@ -94,14 +116,12 @@ def _seed():
     torch.manual_seed(0)
 
 
-def reported(method, ledger) -> dict:
+def reported(method, model, ledger) -> dict:
     """The ledger row of one decode step that runs no forward: what a static method reports.
 
     `ledger` must be built on the model as loaded (before `prepare`), as every caller's is.
     """
-    from bwprune.engine.protocol import MethodDriver
-
-    driver = MethodDriver(method, ledger)
+    driver = MethodDriver(method, model, adapter_for(model), ledger)
     driver.start(1)
     driver.decode(0, torch.zeros(1, dtype=torch.bool), lambda _: None)
     return driver.rows()[0]

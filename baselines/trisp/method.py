@@ -19,9 +19,8 @@ from baselines.trisp.lora import LoraSettings, merge_lora, train_lora
 from baselines.trisp.prune import prune_layer, record_structure, save_pruned
 from baselines.trisp.scores import SCORES, ZSCORES, plan_pruning
 from bwprune.calibration import artifact_dir, cached_tensors, calibration_windows
-from bwprune.engine.ledger import StepSparsity
 from bwprune.errors import UserError, choices_error
-from bwprune.methods.base import PruningMethod, StepContext
+from bwprune.methods.base import PruningMethod, StepContext, StepSparsity, check_sparsity
 from bwprune.models.adapters import ModelAdapter
 
 log = logging.getLogger(__name__)
@@ -48,15 +47,14 @@ class TriSP(PruningMethod):
         self,
         sparsity: float,
         calibration: Mapping,
-        score: str = "trisp",
-        zscore: str = "layer",
-        attn_square: bool = False,
-        recovery: str = "bias",
-        lora: Mapping | None = None,
-        save_dir: str | None = None,
+        score: str,
+        zscore: str,
+        attn_square: bool,
+        recovery: str,
+        lora: Mapping | None,
+        save_dir: str | None,
     ) -> None:
-        if not 0.0 <= float(sparsity) < 1.0:
-            raise UserError(f"sparsity={sparsity!r} must be in [0, 1)")
+        check_sparsity(float(sparsity))
         if score not in SCORES:
             raise choices_error("score", score, SCORES)
         if zscore not in ZSCORES:

@@ -18,7 +18,7 @@ before any method's `prepare` (a statically pruned model reports what it removed
 - `params` (c): fraction of ALL model parameters skipped per token. By default Σ_l s_l·P_l /
   P_total, where P_l are layer l's gate/up/down parameters, so attention, norms, embeddings and
   lm_head count as dense; a method that skips more reports its own count. This is the quantity
-  closest to the paper's "actual sparsity" (paper-specs A.4.6).
+  closest to the paper's "actual sparsity" (docs/paper-notes.md#realized-sparsity).
 - `per_layer`: mean s_l over all measured forwards.
 
 (The summary keys say `decode_steps` / `sparse_steps` for the measured forwards.) A run's values
@@ -27,23 +27,10 @@ are measured-forward-weighted means of its rows' values (`bwprune.engine.realize
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from bwprune.methods.base import StepSparsity
 from bwprune.models.adapters import ModelAdapter
-
-
-@dataclass(frozen=True)
-class StepSparsity:
-    """What one forward skipped: returned by `PruningMethod.end_step` (None = dense forward).
-
-    Valid until the next forward begins: a method may hand out tensors it reuses every step (the
-    threshold methods do, for CUDA graphs), so a consumer that keeps one clones it.
-    """
-
-    ffn: torch.Tensor  # (L,) shared by the batch, or (B, L) per row: fraction of the FFN skipped
-    params: torch.Tensor | None = None  # () or (B,): parameters skipped; None = FFN neurons only
 
 
 class SparsityLedger:

@@ -1,64 +1,108 @@
 """The one driver of the pruning-method protocol: every forward under a method goes through here.
 
-Generation (the runner), perplexity, lm-eval scoring, fidelity, speed and traces all run their
-forwards through a `MethodDriver`, so a method sees one protocol everywhere and realized sparsity
-has one definition (`bwprune.engine.ledger`): the driver alone builds `StepContext`s (phase, valid
-tokens, finished rows), calls the method's hooks in order and records measured forwards.
+Generation (the runner, the stream), perplexity, lm-eval scoring, fidelity, speed and traces all
+run their forwards through a `MethodDriver`, so a method sees one protocol everywhere and realized
+sparsity has one definition (`bwprune.engine.ledger`). The driver owns the method's whole life:
+it calls `prepare` (with the model's shape), attaches the HF host's glue
+(`bwprune.methods.hf_host`) for as long as forwards run, turns the loop's row changes into the
+method's lifecycle events, builds every `StepContext`, calls the hooks in order around each
+forward and records measured forwards.
 
-Rows have a lifecycle: `start(B)` makes B rows enter; `keep_rows(index)` makes the others leave
-(live-row compaction: the method gathers its per-row state, the ledger keeps the leavers' totals).
+Rows: `start(B)` makes B rows enter; `keep_rows(index)` makes the others leave (live-row
+compaction: the method's per-slot state is gathered, the ledger keeps the leavers' totals).
 Under continuous batching rows also pass through slots: `leave(slots)` hands back the finished
 rows' sparsity and frees their slots, `enter(slots, ...)` fills them and runs the newcomers'
-prompt forward.
-The driver knows no method and runs no model: callers pass the forward as a function.
+prompt forward. The driver knows no method and runs no model: callers pass the forward as a
+function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
 
 from bwprune.engine.ledger import SparsityLedger
-from bwprune.methods.base import Phase, PruningMethod, StepContext
+from bwprune.methods.base import (
+    ModelShape,
+    Phase,
+    PruningMethod,
+    RowsEntered,
+    RowsGathered,
+    RowsLeft,
+    RowsStart,
+    StepContext,
+)
+from bwprune.methods.hf_host import HFHost
+from bwprune.models.adapters import ModelAdapter
 
 T = TypeVar("T")
 
 
 class MethodDriver:
-    """Drives one method over batches: phases, valid masks, finished rows and the ledger."""
+    """Drives one method on one model: its preparation, its glue, its rows and its forwards."""
 
-    def __init__(self, method: PruningMethod, ledger: SparsityLedger) -> None:
-        """`ledger`: built on the model as loaded, before the method's `prepare`."""
-        self.method, self.ledger = method, ledger
+    def __init__(
+        self, method: PruningMethod, model: nn.Module, adapter: ModelAdapter,
+        ledger: SparsityLedger | None = None,
+    ) -> None:  # fmt: skip
+        """`ledger`: built on the model as loaded, before the method's `prepare` (default: on
+        the model as it is now)."""
+        self.method, self.model, self.adapter = method, model, adapter
+        self.ledger = ledger or SparsityLedger(adapter, next(model.parameters()).device)
+        self.host = HFHost(method)
+        self._attached = 0  # nesting depth of `attached`
 
+    def prepare(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        """The method's one-off work (calibration, static pruning), on the model as it is now."""
+        self.method.setup(ModelShape.of(self.adapter))
+        self.method.prepare(self.model, self.adapter, tokenizer)
+
+    @contextmanager
+    def attached(self) -> Iterator[None]:
+        """The method's glue is on the model inside (re-entrant); detaching restores it."""
+        if self._attached:
+            yield
+            return
+        self._attached += 1
+        try:
+            with self.host.attach(self.model, self.adapter):
+                yield
+        finally:
+            self._attached -= 1
+
+    # -- rows -------------------------------------------------------------------------------------
     def start(self, batch_size: int) -> None:
         """`batch_size` rows enter together: a new generation for the method and the ledger."""
-        self.method.begin_batch(batch_size)
+        self.method.rows(RowsStart(batch_size, self.ledger.device))
         self.ledger.reset(batch_size)
 
     def keep_rows(self, index: torch.Tensor) -> None:
         """Only the current rows `index` (1-D, ascending) go on; the others have left for good."""
-        self.method.keep_rows(index)
+        self.method.rows(RowsGathered(index))
         self.ledger.keep_rows(index)
 
     def leave(self, slots: torch.Tensor) -> list[dict]:
         """The rows in `slots` have finished: their ledger summaries (in `slots` order); the
         slots are empty until `enter`."""
-        self.method.rows_left(slots)
+        self.method.rows(RowsLeft(slots))
         return self.ledger.take(slots)
 
     def enter(self, slots: torch.Tensor, valid: torch.Tensor, forward: Callable[[], T]) -> T:
         """New rows take the empty `slots`; `forward` is their prompts' prefill, (len(slots), T)
         `valid` tokens, the other rows untouched; not measured, as every prefill."""
-        self.method.rows_entered(slots)
-        finished = torch.zeros(len(slots), dtype=torch.bool, device=valid.device)
-        ctx = StepContext(Phase.PREFILL, 0, valid, finished, rows=slots)
-        return self._run(ctx, forward, counted=None)
+        self.method.rows(RowsEntered(slots))
+        ctx = self._context(Phase.PREFILL, 0, self.method.slots.occupied.logical_not(), slots)
+        return self._run(ctx, valid, slots, forward, counted=None)
 
+    # -- forwards ---------------------------------------------------------------------------------
     def prefill(self, valid: torch.Tensor, forward: Callable[[], T]) -> T:
-        """A prompt forward over (B, T) `valid` tokens; not measured (ledger definition)."""
+        """A generation's prompt forward over (B, T) `valid` tokens: every row's prompt enters;
+        not measured (ledger definition)."""
         return self._whole(valid, forward, measured=False)
 
     def decode(self, step: int, finished: torch.Tensor, forward: Callable[[bool], T]) -> T:
@@ -67,8 +111,9 @@ class MethodDriver:
         `forward(capturable)` is told whether the method allows this step to run compiled.
         """
         active = ~finished
-        ctx = StepContext(Phase.DECODE, step, active[:, None], finished)
-        return self._run(ctx, lambda: forward(self.method.capturable()), counted=active)
+        ctx = self._context(Phase.DECODE, step, finished, None)
+        return self._run(ctx, active[:, None], None,
+                         lambda: forward(self.method.capturable()), counted=active)  # fmt: skip
 
     def score(self, valid: torch.Tensor, forward: Callable[[], T]) -> T:
         """A forward whose every token is evaluated (perplexity, loglikelihood): the method sees a
@@ -76,14 +121,22 @@ class MethodDriver:
         return self._whole(valid, forward, measured=True)
 
     def _whole(self, valid: torch.Tensor, forward: Callable[[], T], measured: bool) -> T:
-        """A forward over whole given texts (a prompt, a scored window): a PREFILL step."""
+        """A forward over whole given texts (prompts, scored windows) of every row."""
         finished = torch.zeros(valid.shape[0], dtype=torch.bool, device=valid.device)
-        ctx = StepContext(Phase.PREFILL, 0, valid, finished)
-        return self._run(ctx, forward, counted=valid.any(dim=1) if measured else None)
+        every = torch.arange(valid.shape[0], device=valid.device)
+        ctx = self._context(Phase.PREFILL, 0, finished, every)
+        return self._run(ctx, valid, None, forward, counted=valid.any(dim=1) if measured else None)
 
-    def _run(self, ctx: StepContext, forward: Callable[[], T], counted: torch.Tensor | None) -> T:
+    def _context(self, phase: Phase, step: int, finished: torch.Tensor,
+                 entering: torch.Tensor | None) -> StepContext:  # fmt: skip
+        slots = self.method.slots
+        return StepContext(phase, step, finished, slots.occupied, slots.arrival, entering)
+
+    def _run(self, ctx: StepContext, valid: torch.Tensor, slots: torch.Tensor | None,
+             forward: Callable[[], T], counted: torch.Tensor | None) -> T:  # fmt: skip
         """The hooks around `forward`; `counted` (B,) rows are recorded (None: not measured)."""
         self.method.begin_step(ctx)
+        self.host.begin(ctx, valid, slots)
         out = forward()
         sparsity = self.method.end_step(ctx)
         if counted is not None:

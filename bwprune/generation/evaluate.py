@@ -116,8 +116,7 @@ class Recording:
 def _static(cfg, prepared: PreparedModel, runner: BatchedRunner, batches, todo, references,
             record: Recording) -> None:  # fmt: skip
     """Static batches, one at a time: generate, teacher-force the dense reference, record."""
-    model, tokenizer, adapter, method = (prepared.model, prepared.tokenizer, prepared.adapter,
-                                         prepared.method)  # fmt: skip
+    tokenizer = prepared.tokenizer
     timed = {id(b) for b in batches[: cfg.speed.batches]}  # this job's first batches
     to_time = paired_enabled(cfg) and any(id(b) in timed for b in todo)  # a resumed run: maybe none
     paired = paired_timing(cfg, runner, prepared) if to_time else None
@@ -127,13 +126,12 @@ def _static(cfg, prepared: PreparedModel, runner: BatchedRunner, batches, todo, 
         prompts = batch_prompts(tokenizer, cfg.model, batch)
         ids, attn = runner.encode(prompts)
         inside.start()
-        with method.attach(model, adapter):
-            completions, timing = runner.generate_tokens(ids, attn, progress=inside)
-            quality = (
-                forced_quality(runner, ids, attn, references[number], cfg.quality.traces)
-                if references
-                else [None] * len(batch)
-            )
+        completions, timing = runner.generate_tokens(ids, attn, progress=inside)
+        quality = (
+            forced_quality(runner, ids, attn, references[number], cfg.quality.traces)
+            if references
+            else [None] * len(batch)
+        )
         measured = None
         if paired is not None and id(batch) in timed:
             bar.set_postfix_str("timing dense vs method on this batch")
@@ -146,30 +144,28 @@ def _stream(cfg, prepared: PreparedModel, runner: BatchedRunner, todo, reference
     """Continuous batching: the missing pairs stream through `batch_size` slots in order; each
     is recorded as it finishes. With quality on, the dense references are streamed the same way
     first (teacher-forced), so each sample is written whole."""
-    model, tokenizer, adapter, method = (prepared.model, prepared.tokenizer, prepared.adapter,
-                                         prepared.method)  # fmt: skip
+    tokenizer = prepared.tokenizer
     work = [(e, k) for batch in todo for e, k in batch if (e.index, k) not in record.done]
     prompts = batch_prompts(tokenizer, cfg.model, work)
     ids = [tokenizer(p, return_tensors="pt", add_special_tokens=False).input_ids[0]
            for p in prompts]  # fmt: skip
     stream = StreamRunner(runner, int(cfg.batch_size))
     quality: list = [None] * len(work)
-    with method.attach(model, adapter):
-        if references:
-            by_pair = {(e.index, k): ref.row(b) for batch, ref in zip(todo, references)
-                       for b, (e, k) in enumerate(batch)}  # fmt: skip
-            refs = [by_pair[(e.index, k)] for e, k in work]
-            quality = stream_quality(stream, ids, refs, bool(cfg.quality.traces))
-        bar = tqdm(total=len(work), desc=record.recorder.key, unit="sample",
-                   disable=not cfg.progress)  # fmt: skip
-        inside = BatchProgress(bar)
+    if references:
+        by_pair = {(e.index, k): ref.row(b) for batch, ref in zip(todo, references)
+                   for b, (e, k) in enumerate(batch)}  # fmt: skip
+        refs = [by_pair[(e.index, k)] for e, k in work]
+        quality = stream_quality(stream, ids, refs, bool(cfg.quality.traces))
+    bar = tqdm(total=len(work), desc=record.recorder.key, unit="sample",
+               disable=not cfg.progress)  # fmt: skip
+    inside = BatchProgress(bar)
 
-        def finished(items: list[int], completions, timing: BatchTiming) -> None:
-            pick = [work[i] for i in items], [prompts[i] for i in items]
-            record(*pick, completions, [quality[i] for i in items], timing, bar)
-            bar.update(len(items))
+    def finished(items: list[int], completions, timing: BatchTiming) -> None:
+        pick = [work[i] for i in items], [prompts[i] for i in items]
+        record(*pick, completions, [quality[i] for i in items], timing, bar)
+        bar.update(len(items))
 
-        stream.run(ids, finished, progress=inside)
+    stream.run(ids, finished, progress=inside)
     bar.close()
 
 

@@ -47,8 +47,7 @@ def timed_generation(
 ) -> tuple[list[Completion], BatchTiming]:
     """One timed generation with the runner's method attached (and detached afterwards, so the
     next trial in an alternation may be another method on the same model)."""
-    with runner.method.attach(runner.model, adapter):
-        return runner.generate_tokens(ids, attn, forced=forced)
+    return runner.generate_tokens(ids, attn, forced=forced)
 
 
 def own_forcing(completions: Sequence[Completion], pad_id: int, device: torch.device) -> Forcing:

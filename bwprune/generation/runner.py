@@ -3,9 +3,10 @@
 It is explicit rather than `model.generate` because methods need the step index, which tokens are
 valid and which rows have finished at every forward, and because prefill and decode are timed
 separately. For the `dense` method its greedy tokens equal `model.generate(do_sample=False)`.
-Every forward goes through `bwprune.engine.protocol.MethodDriver`, which alone calls the method's
-hooks and records realized sparsity; the engine's parts (static KV cache, compiled step, live-row
-compaction, stopping) live in `bwprune.engine`. The runner names no method and scores nothing.
+Every forward goes through `bwprune.engine.protocol.MethodDriver`, which alone attaches the
+method, calls its hooks and records realized sparsity; the engine's parts (static KV cache,
+compiled step, live-row compaction, stopping) live in `bwprune.engine`. The runner names no
+method and scores nothing.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ class BatchedRunner:
         self.batch_invariant = batch_invariant
         self.device = next(model.parameters()).device
         self.ledger = ledger or SparsityLedger(adapter, self.device)
-        self.driver = MethodDriver(method, self.ledger)
+        self.driver = MethodDriver(method, model, adapter, self.ledger)
         self.caches = CachePool(model, engine.kv_cache)
         self.step = DecodeStep(model, engine.compile, engine.backend)
         stops = [] if sampling.ignore_eos else stop_token_ids(model, tokenizer)
@@ -188,6 +189,11 @@ class BatchedRunner:
         """
         if self.batch_invariant and ids.shape[0] > 1:
             return self._row_by_row(ids, attn, stop_strings, forced, observe, progress)
+        with self.driver.attached():
+            return self._generate(ids, attn, stop_strings, forced, observe, progress)
+
+    def _generate(self, ids, attn, stop_strings, forced, observe, progress):
+        """`generate_tokens` of one batch, the method attached."""
         stops = StopStrings(self.tokenizer, stop_strings) if stop_strings else None
         ids, attn = ids.to(self.device), attn.to(self.device)
         batch = ids.shape[0]

@@ -123,6 +123,11 @@ class StreamRunner:
             return
         if self.runner.batch_invariant:
             return self._one_by_one(prompts, on_finish, forced, observe, progress)
+        with self.runner.driver.attached():
+            self._run(prompts, on_finish, forced, observe, progress)
+
+    def _run(self, prompts, on_finish, forced, observe, progress) -> None:
+        """`run` with the method attached."""
         r = self.runner
         self.cap = r.sampling.max_new_tokens if forced is None else max(len(f) for f in forced)
         self.ref = None if forced is None else _references(forced, r.device, r.pad_id)

@@ -1,7 +1,7 @@
 """The lm-eval model `bwprune`: any lm-eval task under any pruning method, batched as in run.py.
 
 - `generate_until` goes through `BatchedRunner`, so a method sees exactly what it sees in run.py:
-  `begin_batch` per batch, a PREFILL step, then DECODE steps with valid/finished rows. Requests are
+  a `start` per batch, a PREFILL step, then DECODE steps with valid/finished rows. Requests are
   grouped by their generation kwargs and sorted by length (longest first) before batches of
   `batch_size` are cut, so a batch-shared mask is shared by requests of similar length (run.py
   batches in file order); results come back in request order. lm-eval's `until` stops a row
@@ -9,7 +9,7 @@
 - `loglikelihood` / `loglikelihood_rolling` run one scoring forward per batch of requests through
   the same `MethodDriver`, which the method sees as a prompt prefill (a new batch, then one
   PREFILL step whose `valid` marks the real tokens). There is no decode phase, so each method
-  acts as on a prompt (with the methods' defaults): `dense`, `ours` (BWAP: prefill only scores
+  acts as on a prompt (with the methods' defaults): `dense`, `ours` (prefill only scores
   the prompt) and `griffin` (the prompt pass picks the experts for decode) score with the dense
   model; `teal` thresholds the last half of each request's tokens per token (`prefill_fraction`
   0.5), `cats` all of them; `wanda` and `trisp` prune weights in `prepare`, so they apply in full.
@@ -92,7 +92,8 @@ class BWPruneLM(TemplateLM):
         self._sparsity: list[dict] = []  # ledger rows of generated completions
         # Scoring forwards keep a ledger of their own (a copy of the one built before `prepare`,
         # so fractions stay relative to the model as loaded): generation sparsity stays apart.
-        self._scoring = MethodDriver(method, copy.copy(self.prepared.ledger))
+        self._scoring = MethodDriver(method, self.prepared.model, self.prepared.adapter,
+                                     copy.copy(self.prepared.ledger))  # fmt: skip
         self._scoring_sparsity: list[dict] = []
         self._forwards: Counter[str] = Counter()  # rows scored per loglikelihood request type
         self._decode = {"tokens": 0, "seconds": 0.0}
@@ -152,20 +153,19 @@ class BWPruneLM(TemplateLM):
         )
         texts = []
         bar = self._bar(len(requests), "generate_until", disable_tqdm)
-        with self.prepared.method.attach(self.prepared.model, self.prepared.adapter):
-            for chunk in collator.get_batched(n=self.batch_size):
-                sampling, until = self._decoding(chunk[0][1])
-                rows = [self._context_ids(context, sampling.max_new_tokens) for context, _ in chunk]
-                ids, attn = left_pad(rows, self.tokenizer.pad_token_id, self._device)
-                completions, timing = self._runner(sampling).generate_tokens(ids, attn, until)
-                self._decode["tokens"] += timing.decode_tokens
-                self._decode["seconds"] += timing.decode_s
-                for (context, gen_kwargs), c in zip(chunk, completions):
-                    text = postprocess_generated_text(c.text, until, None)
-                    self._sparsity.append(c.sparsity)
-                    self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
-                    texts.append(text)
-                bar.update(len(chunk))
+        for chunk in collator.get_batched(n=self.batch_size):
+            sampling, until = self._decoding(chunk[0][1])
+            rows = [self._context_ids(context, sampling.max_new_tokens) for context, _ in chunk]
+            ids, attn = left_pad(rows, self.tokenizer.pad_token_id, self._device)
+            completions, timing = self._runner(sampling).generate_tokens(ids, attn, until)
+            self._decode["tokens"] += timing.decode_tokens
+            self._decode["seconds"] += timing.decode_s
+            for (context, gen_kwargs), c in zip(chunk, completions):
+                text = postprocess_generated_text(c.text, until, None)
+                self._sparsity.append(c.sparsity)
+                self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+                texts.append(text)
+            bar.update(len(chunk))
         bar.close()
         self._log_sparsity()
         return collator.get_original(texts)
@@ -226,7 +226,7 @@ class BWPruneLM(TemplateLM):
         )
         answers = []
         bar = self._bar(len(requests), kind, disable_tqdm)
-        with self.prepared.method.attach(self.prepared.model, self.prepared.adapter):
+        with self._scoring.attached():
             for chunk in collator.get_batched(n=self.batch_size):
                 answers += self._score_batch(chunk, kind)
                 bar.update(len(chunk))

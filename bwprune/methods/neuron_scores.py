@@ -1,7 +1,7 @@
 """Pure tensor math for FFN-neuron importance: paper A's Eq. 2–4, also used by Griffin.
 
 No modules, no state beyond the tensors passed in, so every function can be checked on hand-made
-inputs. Shapes: B rows, T tokens, D = D_FF neurons.
+inputs. Shapes: B rows, N tokens, D = D_FF neurons.
 """
 
 from __future__ import annotations
@@ -16,19 +16,18 @@ AGGREGATES = ("max", "mean")
 K_RULES = ("floor", "round")
 
 
-def normalized_sq(z: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """(B, T, D) FF activations -> (B, D): Σ_t (z_t / ‖z_t‖₂)² over valid tokens.
+def unit_sq(z: torch.Tensor) -> torch.Tensor:
+    """(..., D) FF activations -> (..., D) (z_t / ‖z_t‖₂)², each token scaled to unit L2 norm.
 
-    Eq. 2's numerator, squared: each token's activation vector is scaled to unit L2 norm, so a token
-    with large overall activation cannot dominate. Invalid tokens (padding, finished rows) add 0.
+    Eq. 2's numerator, squared, per token: summed over a phase's tokens, so a token with large
+    overall activation cannot dominate.
     """
     z = z.float()
-    unit = z / z.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-    return (unit.square() * valid[..., None].to(unit.dtype)).sum(dim=1)
+    return (z / z.norm(dim=-1, keepdim=True).clamp_min(1e-12)).square()
 
 
 def phase_score(sum_sq: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """Eq. 2: s_j = ‖Z̄_{·,j}‖₂ / √T from accumulated `normalized_sq` (B, D) and token counts (B,).
+    """Eq. 2: s_j = ‖Z̄_{·,j}‖₂ / √T from accumulated `unit_sq` sums (B, D) and token counts (B,).
 
     The 1/√T removes length bias, so a long prompt and a 4-token exploration window are comparable.
     Rows without a valid token score 0.

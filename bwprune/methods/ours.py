@@ -2,11 +2,12 @@
 
 Periodic top-k over batch-aggregated neuron importance with an activation memory, applied as a
 structured, batch-shared FFN mask (real smaller matmuls via `SlicedMLP`). Schedule per batch
-(paper-specs A.4): dense prefill scores the prompt (s̄₀); `t_init` dense decode steps give s̄₁ and
-the first mask; then `t_prune` sparse steps alternate with `t_explore` dense exploration steps, and
-memory and mask are refreshed at the end of each exploration window. Attention and prefill are
-never pruned; ρ = 0 or `t_prune = 0` is exactly dense. The score math (Eq. 2–4) is in
-`neuron_scores.py`, the slicing and activation reading in `neuron_mask.py`.
+(docs/paper-notes.md#schedule): dense prefill scores the prompt (s̄₀); `t_init` dense decode steps
+give s̄₁ and the first mask; then `t_prune` sparse steps alternate with `t_explore` dense
+exploration steps, and memory and mask are refreshed at the end of each exploration window.
+Attention and prefill are never pruned; ρ = 0 or `t_prune = 0` is exactly dense. The score math (Eq.
+2–4) is in `neuron_scores.py`, the family's plumbing (phases, per-slot statistics, entering prompts)
+in `neuron_set.py`; this file is the policy alone.
 
 `select: threshold` is the paper's key ablation: keep the neurons whose memory exceeds a per-layer
 threshold calibrated offline on *unaggregated* per-sample scores, so the kept count drifts with the
@@ -31,18 +32,18 @@ from transformers import PreTrainedTokenizerBase
 
 from bwprune.errors import UserError, choices_error
 from bwprune.hooks import HookSet
-from bwprune.methods.base import Phase, StepContext
+from bwprune.methods.base import StepContext, check_sparsity
 from bwprune.methods.calibrated import LayerStream, calibration_artifact
-from bwprune.methods.neuron_mask import NeuronMaskMethod, PhaseScores
 from bwprune.methods.neuron_scores import (
     AGGREGATES,
     K_RULES,
     aggregate,
     kept_count,
-    normalized_sq,
     phase_score,
     topk_index,
+    unit_sq,
 )
+from bwprune.methods.neuron_set import NeuronSetMethod, PhaseScores
 from bwprune.models.adapters import ModelAdapter
 
 SELECTS = ("topk", "threshold")
@@ -50,7 +51,7 @@ MEMORY_POLICIES = ("max", "reset", "decay", "window")
 ON_ENTER = ("prompt", "explore")
 
 
-class BWAP(NeuronMaskMethod):
+class Ours(NeuronSetMethod):
     """Batch-wise adaptive pruning; every ablation switch is a constructor argument.
 
     How a phase's batch score s̄ enters the memory m (`memory: false` overrides: m ← s̄):
@@ -65,23 +66,21 @@ class BWAP(NeuronMaskMethod):
     def __init__(
         self,
         sparsity: float,
-        t_init: int = 8,
-        t_explore: int = 4,
-        t_prune: int = 16,
-        aggregate: str = "max",
-        memory: bool = True,
-        k_rule: str = "floor",
-        select: str = "topk",
-        calibration: Mapping | None = None,
-        cache_dir: str | None = None,
-        memory_policy: str = "max",
-        memory_decay: float = 0.9,
-        memory_window: int = 4,
-        on_enter: str = "prompt",
+        t_init: int,
+        t_explore: int,
+        t_prune: int,
+        aggregate: str,
+        memory: bool,
+        k_rule: str,
+        select: str,
+        calibration: Mapping | None,
+        cache_dir: str | None,
+        memory_policy: str,
+        memory_decay: float,
+        memory_window: int,
+        on_enter: str,
     ) -> None:
-        super().__init__()
-        if not 0.0 <= sparsity < 1.0:
-            raise UserError(f"sparsity={sparsity} is outside [0, 1)")
+        check_sparsity(sparsity)
         for name, value in (("t_init", t_init), ("t_explore", t_explore), ("t_prune", t_prune)):
             if value < 0:
                 raise UserError(f"{name}={value} must be >= 0")
@@ -111,8 +110,7 @@ class BWAP(NeuronMaskMethod):
         self.thresholds: torch.Tensor | None = None  # (L,) for select=threshold
         self.memory: list[torch.Tensor | None] = []  # (D,) per layer
         self._recent: list[deque] = []  # memory_policy=window: the last s̄ per layer
-        self._occupied = torch.ones(0, dtype=torch.bool)  # (B,) slots holding a row
-        self._elders = torch.ones(0, dtype=torch.bool)  # (B,) rows there at the last clearing
+        self._cleared_after = 0  # memory_policy=reset: rows that arrived up to the last clearing
         self._origin: int | None = 0  # decode step where the schedule began; None: the next
 
     @property
@@ -122,59 +120,45 @@ class BWAP(NeuronMaskMethod):
     def prepare(
         self, model: nn.Module, adapter: ModelAdapter, tokenizer: PreTrainedTokenizerBase
     ) -> None:
-        self.k = [kept_count(f.d_ff, self.sparsity, self.k_rule) for f in adapter.ffns()]
+        self.k = [kept_count(d, self.sparsity, self.k_rule) for d in self.shape.d_ff]
         if self.select == "threshold" and self.active:
             self.thresholds = self._calibrate_thresholds(model, adapter, tokenizer)
 
-    def begin_batch(self, batch_size: int) -> None:
-        """A batch is one generation: fresh memory (the paper never decays or resets it, A.4.2)."""
-        self.set_kept(None)
-        self.memory = [None] * len(self.sliced)
-        self._recent = [deque(maxlen=self.memory_window) for _ in self.sliced]
-        self._occupied = torch.ones(batch_size, dtype=torch.bool)
-        self._elders = torch.ones(batch_size, dtype=torch.bool)
+    def start(self, batch_size: int) -> None:
+        """A batch is one generation: fresh memory (the paper never decays or resets it:
+        docs/paper-notes.md#memory)."""
+        self.memory = [None] * len(self.shape.d_ff)
+        self._recent = [deque(maxlen=self.memory_window) for _ in self.shape.d_ff]
+        self._cleared_after = 0
         self._origin = 0
-        self.phase = PhaseScores(len(self.sliced)) if self.active else None  # phase 0: prompt
-
-    def keep_rows(self, index: torch.Tensor) -> None:
-        super().keep_rows(index)
-        index = index.cpu()
-        self._occupied, self._elders = self._occupied[index], self._elders[index]
-
-    def rows_left(self, slots: torch.Tensor) -> None:
-        self._occupied[slots.cpu()] = False
-        self._elders[slots.cpu()] = False
-
-    def rows_entered(self, slots: torch.Tensor) -> None:
-        super().rows_entered(slots)
-        self._occupied[slots.cpu()] = True
-        self._elders[slots.cpu()] = False  # arrived after the last clearing
 
     def before_forward(self, ctx: StepContext) -> None:
-        if ctx.phase is Phase.DECODE and self.active:
-            if self._origin is None:  # rows entered under on_enter=explore: the schedule restarts
-                self._origin = ctx.step
-            self._schedule(ctx.step - self._origin)
+        if not self.active:
+            return
+        if self._origin is None:  # rows entered under on_enter=explore: the schedule restarts
+            self._origin = ctx.step
+        self._schedule(ctx.step - self._origin)
 
     def prompts_entered(self, slots: torch.Tensor, scores: PhaseScores) -> None:
+        """The prompts of a generation's first rows (phase 0, s̄₀) or of rows entering a stream."""
         if not self.active:
             return
         if self.on_enter == "explore":
             self._absorb_phase()  # the open phase ends here
             self._origin = None  # the next decode step is step 0 of a fresh schedule
         self._absorb(scores)
-        if self.on_enter == "prompt" and self._ffn_sparsity is not None:  # a mask is in force
+        if self.on_enter == "prompt" and self.pruning:  # a mask is in force
             self._refresh_mask()
 
-    # -- schedule (paper-specs A.4.1), decided before each decode step -------------------------
+    # -- schedule (docs/paper-notes.md#schedule), decided before each decode step --------------
     def _schedule(self, step: int) -> None:
-        """`step` counts decode steps since the schedule began (`begin_batch`, or an entry
+        """`step` counts decode steps since the schedule began (`start`, or an entry
         under on_enter=explore, whose prompts were absorbed then)."""
-        if step == 0:  # prefill was the prompt phase
+        if step == 0:  # the prompts were absorbed when they ran (`prompts_entered`)
             self._absorb_phase()
             if self.t_init > 0:
                 self.set_kept(None)  # after an entry a mask may be in force
-                self.phase = PhaseScores(len(self.sliced))  # initial dense exploration
+                self.open_phase()  # initial dense exploration
             else:
                 self._refresh_mask()
             return
@@ -187,24 +171,25 @@ class BWAP(NeuronMaskMethod):
         into_period = (step - self.t_init) % (self.t_prune + self.t_explore)
         if into_period == self.t_prune:  # exploration window opens: dense, observing
             self.set_kept(None)
-            self.phase = PhaseScores(len(self.sliced))
+            self.open_phase()
         elif into_period == 0 and self.phase is not None:  # exploration window closed
             self._absorb_phase()
             self._refresh_mask()
 
     def _absorb_phase(self) -> None:
         """The open phase, if any, ends and enters the memory."""
-        phase, self.phase = self.phase, None
+        phase = self.close_phase()
         if phase is not None:
             self._absorb(phase)
 
     def _absorb(self, phase: PhaseScores) -> None:
         """Eq. 3 + memory: the phase's batch score s̄ enters m per layer under `memory_policy`."""
-        if phase.count is None:  # nothing observed
+        if not phase.observed:
             return
-        if self.memory_policy == "reset" and not bool(self._elders.any()):
+        elders = self.slots.occupied & (self.slots.arrival <= self._cleared_after)
+        if self.memory_policy == "reset" and not bool(elders.any()):
             self.memory = [None] * len(self.memory)  # every row of the last clearing has left
-            self._elders = self._occupied.clone()
+            self._cleared_after = self.slots.arrivals
         rows = phase.rows
         for layer, prev in enumerate(self.memory):
             batch_score = aggregate(phase.scores(layer), rows, self.aggregate)  # (D,)
@@ -248,9 +233,8 @@ class BWAP(NeuronMaskMethod):
             """(N, T, D) -> every window's (D,) Eq. 2 scores, flattened."""
             t = z.shape[1] // window * window
             z = z[:, :t].reshape(-1, window, z.shape[-1])  # (N·T/w, w, D)
-            ones = torch.ones(z.shape[:2], dtype=torch.bool, device=z.device)
             count = torch.full((z.shape[0],), window, device=z.device)
-            return phase_score(normalized_sq(z, ones), count).flatten()
+            return phase_score(unit_sq(z).sum(dim=1), count).flatten()
 
         def compute(stream: LayerStream) -> dict[str, torch.Tensor]:
             thresholds = []

@@ -37,6 +37,7 @@ class FFNView:
     up: nn.Linear
     down: nn.Linear
     act: nn.Module
+    norm: nn.Module  # post_attention_layernorm: its output is what gate and up read
 
     @property
     def d_ff(self) -> int:
@@ -60,6 +61,7 @@ class AttnView:
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    norm: nn.Module  # input_layernorm: its output is what q, k and v read
 
 
 class ModelAdapter:
@@ -77,7 +79,8 @@ class ModelAdapter:
     def ffn(self, i: int) -> FFNView:
         layer = self.layers[i]
         mlp = layer.mlp
-        return FFNView(i, layer, mlp, mlp.gate_proj, mlp.up_proj, mlp.down_proj, mlp.act_fn)
+        return FFNView(i, layer, mlp, mlp.gate_proj, mlp.up_proj, mlp.down_proj, mlp.act_fn,
+                       layer.post_attention_layernorm)  # fmt: skip
 
     def ffns(self) -> list[FFNView]:
         return [self.ffn(i) for i in range(len(self.layers))]
@@ -86,7 +89,7 @@ class ModelAdapter:
         a = self.layers[i].self_attn
         return AttnView(
             i, a.q_proj, a.k_proj, a.v_proj, a.o_proj,
-            self._num_heads, self._num_kv_heads, self._head_dim,
+            self._num_heads, self._num_kv_heads, self._head_dim, self.layers[i].input_layernorm,
         )  # fmt: skip
 
     def num_params(self) -> int:

@@ -19,8 +19,8 @@ from bwprune.models.sliced_mlp import SlicedMLP
 
 
 class SkipOracle:
-    """Context manager: hooks every layer, then `per_row`. Enter it inside the method's
-    `attach`, so its hooks run after the method's and see what the method changed."""
+    """Context manager: hooks every layer, then `per_row`. Enter it with the method attached,
+    so its hooks run after the method's glue and see what the method changed."""
 
     def __init__(self, model: nn.Module, adapter: ModelAdapter, total_params: float) -> None:
         self.model, self.adapter, self.total = model, adapter, total_params

@@ -10,6 +10,8 @@ by adding its config file. Each forward runs through the one driver (`BatchedRun
   batches and in a continuous stream (every method accounts each streamed row once);
 - `prepare` changes the weights exactly when the method declares `edits_weights`;
 - the ledger equals the parameters the forward really left out (counted from the tensors);
+- the HF host and a host-free harness that feeds the method tokens directly make it decide
+  alike, forward for forward (tests/contract/harness.py);
 - the call order of a family's hooks is enforced by its base class.
 """
 
@@ -23,13 +25,15 @@ import torch
 
 from bwprune.config import build_method
 from bwprune.engine.ledger import SparsityLedger
+from bwprune.engine.protocol import MethodDriver
 from bwprune.generation.runner import BatchedRunner, EngineConfig, Forcing, SamplingConfig
 from bwprune.generation.stream import StreamRunner
-from bwprune.methods.neuron_mask import NeuronMaskMethod
+from bwprune.methods.neuron_set import NeuronSetMethod
 from bwprune.methods.thresholds import ThresholdMethod
 from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
-from tests.conftest import CONF_DIR, compose_cfg, small_calibration
+from tests.conftest import CONF_DIR, compose_cfg, prepared, small_calibration
+from tests.contract.harness import Recording, replay
 from tests.contract.oracle import SkipOracle
 
 METHODS = sorted(p.stem for p in (Path(CONF_DIR) / "method").glob("*.yaml"))
@@ -62,14 +66,16 @@ class Setup:
         self.adapter = adapter_for(self.model)
         self.ledger = SparsityLedger(self.adapter, torch.device("cpu"))
         self.method = build_method(cfg.method)
-        self.method.prepare(self.model, self.adapter, self.tok)
+        MethodDriver(self.method, self.model, self.adapter, self.ledger).prepare(self.tok)
+        self.runner: BatchedRunner | None = None  # the last `run`'s
 
     def run(self, rows: list[list[int]], lengths: list[int], pad: int | None = None,
             filler: int | None = None, inside=None,
             engine: EngineConfig | None = None) -> tuple[torch.Tensor, list[dict]]:  # fmt: skip
         """Teacher-force STEPS tokens after left-padded prompts `rows`; row b stops after
         `lengths[b]` tokens. `pad` fills prompt padding, `filler` what finished rows are fed
-        (defaults: the tokenizer's pad); `inside` is entered within `attach`; `engine` runs it.
+        (defaults: the tokenizer's pad); `inside` is entered with the method attached;
+        `engine` runs it.
         Returns (steps, B, V) logits and the ledger rows."""
         width = max(map(len, rows))
         pad_id = self.tok.pad_token_id
@@ -78,14 +84,16 @@ class Setup:
         for b, r in enumerate(rows):
             ids[b, width - len(r) :], attn[b, width - len(r) :] = torch.tensor(r), 1
         forced = Forcing(torch.stack([continuation(r) for r in rows]), torch.tensor(lengths))
-        runner = BatchedRunner(
+        runner = self.runner = BatchedRunner(
             self.model, self.tok, self.method, self.adapter, SamplingConfig(STEPS),
             ledger=self.ledger, engine=engine or EngineConfig(),
         )  # fmt: skip
         if filler is not None:
             runner.pad_id = filler
         logits: list[torch.Tensor] = []
-        with self.method.attach(self.model, self.adapter), inside or contextlib.nullcontext():
+        if callable(inside):  # it wants the driver
+            inside = inside(runner.driver)
+        with runner.driver.attached(), inside or contextlib.nullcontext():
             completions, _ = runner.generate_tokens(
                 ids, attn, forced=forced, observe=lambda i, x: logits.append(x.clone())
             )
@@ -160,10 +168,9 @@ def test_a_stream_returns_every_row_once_as_it_computes_alone(name, extra, calib
     def observe(items, index, logits):
         seen.update({(i, n): x for i, n, x in zip(items.tolist(), index.tolist(), logits)})
 
-    with s.method.attach(s.model, s.adapter):
-        StreamRunner(runner, 2).run([torch.tensor(p) for p in STREAM],
-                                    lambda items, out, _: done.update(zip(items, out)),
-                                    forced=forced, observe=observe)  # fmt: skip
+    StreamRunner(runner, 2).run([torch.tensor(p) for p in STREAM],
+                                lambda items, out, _: done.update(zip(items, out)),
+                                forced=forced, observe=observe)  # fmt: skip
     assert sorted(done) == list(range(len(STREAM)))
     assert [done[i].sparsity["decode_steps"] for i in range(5)] == [n - 1 for n in lengths]
     if s.method.batch_coupled:
@@ -183,7 +190,7 @@ def test_prepare_edits_the_weights_as_declared(name, extra, calibration_override
     model, tok = load_model(cfg.model, cache_dir="unused")
     before = {n: p.clone() for n, p in model.named_parameters()}
     method = build_method(cfg.method)
-    method.prepare(model, adapter_for(model), tok)
+    prepared(method, model, tok)
     after = dict(model.named_parameters())
     edited = before.keys() != after.keys() or any(
         before[n].shape != p.shape or not torch.equal(before[n], p) for n, p in after.items()
@@ -207,8 +214,31 @@ def test_ledger_counts_what_the_forward_left_out(name, extra, family, calibratio
         assert row["params"] == pytest.approx(expected, rel=1e-6, abs=1e-9)
 
 
-@pytest.mark.parametrize(("family", "template"), [(NeuronMaskMethod, "before_forward"),
-                                                  (ThresholdMethod, "install")])  # fmt: skip
+@pytest.mark.parametrize(("name", "extra"), VARIANTS, ids=IDS)
+def test_the_hf_host_and_a_host_free_harness_decide_alike(name, extra, calibration_overrides):
+    """The HF host flattens padded (B, T, D) batches for the method; the harness hands a fresh,
+    identically prepared method the same run's tokens itself, row by row and without the
+    finished rows (as vLLM would). Kept sets, keep masks and what each forward skipped must be
+    the same at every forward: prompts, padding, a row that stops early, and every phase of
+    ours' schedule."""
+    overrides = [*calibration_overrides, *extra]
+    s = Setup(name, overrides)
+    recordings: list[Recording] = []
+    s.run(
+        PROMPTS,
+        [STEPS, 5],
+        engine=EngineConfig(compaction=False),
+        inside=lambda driver: recordings.append(Recording(driver, s.adapter)) or recordings[0],
+    )
+    compared = replay(Setup(name, overrides).method, recordings[0])
+    decides = isinstance(s.method, NeuronSetMethod) or (
+        isinstance(s.method, ThresholdMethod) and s.method.active
+    )
+    assert compared >= STEPS if decides else compared == 0
+
+
+@pytest.mark.parametrize(("family", "template"), [(NeuronSetMethod, "before_forward"),
+                                                  (ThresholdMethod, "prepare")])  # fmt: skip
 def test_a_family_fixes_its_call_order(family, template):
     with pytest.raises(TypeError, match=template):
 

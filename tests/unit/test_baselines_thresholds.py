@@ -7,20 +7,20 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from baselines.cats import CATS, EDGES, quantile_edge
-from baselines.dense import Dense
-from baselines.teal import TEAL, histogram, icdf
+from baselines.cats import EDGES, quantile_edge
+from baselines.teal import histogram, icdf
 from bwprune.calibration import calibration_windows
 from bwprune.config import package_data_dir
-from bwprune.engine.ledger import SparsityLedger
 from bwprune.engine.protocol import MethodDriver
 from bwprune.errors import UserError
+from bwprune.methods.base import ModelShape, Phase, RowsStart, StepContext, Tokens
 from bwprune.methods.calibrated import LayerStream, calibration_artifact
+from bwprune.methods.thresholds import SiteCost
 from bwprune.models.adapters import adapter_for
-from tests.conftest import PROMPTS, chat, tiny_model
+from tests.conftest import PROMPTS, chat, method_from_conf, prepared, tiny_model
 
 WIKI = Path(package_data_dir()) / "wikitext2"
-METHODS = {"teal": TEAL, "cats": CATS}
+METHODS = ("teal", "cats")
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +41,12 @@ def held_out(calibration):
     return calibration_windows(tiny_model("tiny_llama")[1], text, 8, 48, seed=1)
 
 
+def calibrated(name: str, calibration: dict, **args):
+    """TEAL or CATS from its config, calibrated on `calibration`, its artifacts cached there."""
+    return method_from_conf(name, calibration=calibration, cache_dir=calibration["cache_dir"],
+                            **args)  # fmt: skip
+
+
 @torch.no_grad()
 def teacher_forced(model, method, ids: torch.Tensor) -> torch.Tensor:
     """Feed `ids` (B, T) one token per decode step (all rows active) through the driver; the
@@ -48,8 +54,8 @@ def teacher_forced(model, method, ids: torch.Tensor) -> torch.Tensor:
     adapter = adapter_for(model)
     cache = DynamicCache(config=model.config)
     batch = ids.shape[0]
-    driver = MethodDriver(method, SparsityLedger(adapter, ids.device))
-    with method.attach(model, adapter):
+    driver = MethodDriver(method, model, adapter)
+    with driver.attached():
         driver.start(batch)
         for t in range(ids.shape[1]):
             step = partial(model, input_ids=ids[:, t : t + 1], cache=cache, use_cache=True)
@@ -61,10 +67,9 @@ def generate(model, tok, method, prompts, n=12):
     from bwprune.generation.runner import BatchedRunner, SamplingConfig
 
     adapter = adapter_for(model)
-    method.prepare(model, adapter, tok)
+    prepared(method, model, tok)
     runner = BatchedRunner(model, tok, method, adapter, SamplingConfig(n))
-    with method.attach(model, adapter):
-        return runner.generate(chat(tok, prompts))[0]
+    return runner.generate(chat(tok, prompts))[0]
 
 
 # -- shared calibration machinery ------------------------------------------------------------------
@@ -124,8 +129,8 @@ def test_cats_threshold_is_the_quantile_at_bin_resolution():
 @pytest.mark.parametrize("shared", [True, False])
 def test_sparsity_zero_is_dense(tiny, name, shared):
     model, tok = tiny
-    dense = generate(model, tok, Dense(), PROMPTS)
-    method = METHODS[name](0.0, shared_mask=shared)
+    dense = generate(model, tok, method_from_conf("dense"), PROMPTS)
+    method = method_from_conf(name, sparsity=0.0, shared_mask=shared)
     out = generate(model, tok, method, PROMPTS)
     assert [c.token_ids for c in out] == [c.token_ids for c in dense]
     assert all(c.sparsity["sparse_steps"] == 0 for c in out)
@@ -135,8 +140,8 @@ def test_sparsity_zero_is_dense(tiny, name, shared):
 def test_calibrated_threshold_realizes_rho_at_batch_one(name, calibration, held_out):
     model, tok = tiny_model("tiny_llama")
     for rho in (0.3, 0.6):
-        method = METHODS[name](rho, shared_mask=False, calibration=calibration)
-        method.prepare(model, adapter_for(model), tok)
+        method = calibrated(name, calibration, sparsity=rho, shared_mask=False)
+        prepared(method, model, tok)
         realized = teacher_forced(model, method, held_out[:2, :32]).mean()
         assert realized == pytest.approx(rho, abs=0.05)
 
@@ -144,7 +149,7 @@ def test_calibrated_threshold_realizes_rho_at_batch_one(name, calibration, held_
 @pytest.mark.parametrize("name", METHODS)
 def test_per_token_rows_are_independent(name, calibration):
     model, tok = tiny_model("tiny_qwen2")
-    method = METHODS[name](0.5, shared_mask=False, calibration=calibration)
+    method = calibrated(name, calibration, sparsity=0.5, shared_mask=False)
     prompts = PROMPTS[1:]  # a short and a long prompt: left padding in prefill
     batched = generate(model, tok, method, prompts)
     for prompt, together in zip(prompts, batched):
@@ -163,8 +168,8 @@ def test_shared_mask_realized_sparsity_falls_as_the_batch_grows(name, calibratio
     ids = held_out[:, :24]
 
     def realized(batch: int, **kw) -> float:
-        method = METHODS[name](0.5, calibration=calibration, **kw)
-        method.prepare(model, adapter_for(model), tok)
+        method = calibrated(name, calibration, sparsity=0.5, **kw)
+        prepared(method, model, tok)
         return float(teacher_forced(model, method, ids[:batch]).mean())
 
     alone = realized(1, shared_mask=False)
@@ -173,42 +178,61 @@ def test_shared_mask_realized_sparsity_falls_as_the_batch_grows(name, calibratio
     assert realized(8, shared_mask=True, aggregate="max") < alone - 0.05
 
 
-def hand_driver(method) -> MethodDriver:
-    """A driver for hand-made activations: its "forward" calls the method's keep rule."""
-    adapter = adapter_for(tiny_model("tiny_llama")[0])
-    method._num_layers = len(adapter.layers)
-    return MethodDriver(method, SparsityLedger(adapter, torch.device("cpu")))
+def by_hand(threshold: float, layers: int = 2, width: int = 3):
+    """TEAL with hand-set thresholds on a model of `layers` FFNs of `width` neurons, no host:
+    its keep rule is called directly on flat magnitudes."""
+    method = method_from_conf("teal", sparsity=0.5, calibration={"x": 1})
+    method.setup(ModelShape((width,) * layers))
+    sites = len(method.sites)
+    method.thresholds = [[threshold] * sites for _ in range(layers)]
+    method.costs = [[SiteCost(0.0, 1.0)] * sites for _ in range(layers)]
+    return method
+
+
+def context(phase: Phase, finished: list[bool]) -> StepContext:
+    finished = torch.tensor(finished)
+    rows = len(finished)
+    entering = torch.arange(rows) if phase is Phase.PREFILL else None
+    return StepContext(phase, 0, finished, torch.ones(rows, dtype=torch.bool),
+                       torch.zeros(rows, dtype=torch.long), entering)  # fmt: skip
 
 
 def test_shared_mask_ignores_finished_rows():
-    method = TEAL(0.5, calibration={"x": 1})
-    driver = hand_driver(method)
-    magnitude = torch.tensor([[[1.0, 0.2, 0.6]], [[0.0, 9.0, 9.0]]])  # (B=2, T=1, D=3)
+    method = by_hand(0.5)
+    magnitude = torch.tensor([[1.0, 0.2, 0.6], [0.0, 9.0, 9.0]])  # (N=2 rows' tokens, D=3)
 
     def keep(active: list[bool]) -> list[bool]:
-        driver.start(2)
-        finished = ~torch.tensor(active)
-        keep = driver.decode(0, finished, lambda _: method.keep(0, magnitude, 0.5, 0.0, 1.0))
-        return keep[0, 0].tolist()
+        method.rows(RowsStart(2))
+        method.begin_step(context(Phase.DECODE, [not a for a in active]))
+        tokens = Tokens(torch.arange(2), torch.tensor(active))
+        return method.keep(0, 0, magnitude, tokens)[0].tolist()
 
     assert keep([True, True]) == [False, True, True]  # mean of both rows vs t = 0.5
     assert keep([True, False]) == [True, False, True]  # row 1 finished: row 0 alone
 
 
 def test_teal_prefill_rule_thresholds_the_last_half_of_each_prompt():
-    method = TEAL(0.5, calibration={"x": 1})
-    driver = hand_driver(method)
-    valid = torch.tensor([[False, False, True, True, True], [True, True, True, True, True]])
-    driver.start(2)
-    thresholded = driver.prefill(valid, lambda: method._thresholded.tolist())
-    expected = [[False, False, False, False, True], [False, False, False, True, True]]
+    method = by_hand(0.5)
+    assert method.prefill_fraction == 0.5
+    method.rows(RowsStart(2))
+    method.begin_step(context(Phase.PREFILL, [False, False]))
+    # Row 0: a prompt of 3 tokens, row 1: of 5 (flat, as a host hands them in).
+    tokens = Tokens(
+        rows=torch.tensor([0, 0, 0, 1, 1, 1, 1, 1]),
+        counts=torch.ones(8, dtype=torch.bool),
+        position=torch.tensor([0, 1, 2, 0, 1, 2, 3, 4]),
+        length=torch.tensor([3, 3, 3, 5, 5, 5, 5, 5]),
+    )
+    keep = method.keep(0, 0, torch.zeros(8, 3), tokens)  # every entry below the threshold
+    thresholded = (~keep[:, 0]).tolist()
+    expected = [False, False, True, False, False, False, True, True]
     assert thresholded == expected  # ⌊3/2⌋ = 1 and ⌊5/2⌋ = 2 last tokens
 
 
 @pytest.mark.parametrize("name", METHODS)
 def test_detach_restores_the_model(name, calibration):
     model, tok = tiny_model("tiny_llama")
-    method = METHODS[name](0.5, calibration=calibration)
+    method = calibrated(name, calibration, sparsity=0.5)
     generate(model, tok, method, PROMPTS[:1])
     assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
 
@@ -218,25 +242,25 @@ def test_detach_restores_the_model(name, calibration):
     [
         (dict(sparsity=1.0), r"sparsity=1.0 is outside \[0, 1\)"),
         (dict(sparsity=0.5, aggregate="sum", calibration={"x": 1}), "aggregate='sum'"),
-        (dict(sparsity=0.5), "needs a calibration config"),
+        (dict(sparsity=0.5, calibration=None), "needs a calibration config"),
         (dict(sparsity=0.5, prefill_fraction=2, calibration={"x": 1}), "prefill_fraction=2"),
         (dict(sparsity=0.5, num_bins=2, calibration={"x": 1}), "num_bins=2"),
     ],
 )
 def test_teal_bad_arguments(kw, message):
     with pytest.raises(UserError, match=message):
-        TEAL(**kw)
+        method_from_conf("teal", **kw)
 
 
 def test_cats_bad_arguments():
     with pytest.raises(UserError, match="aggregate='median'"):
-        CATS(0.5, aggregate="median", calibration={"x": 1})
+        method_from_conf("cats", sparsity=0.5, aggregate="median", calibration={"x": 1})
     with pytest.raises(UserError, match="needs a calibration config"):
-        CATS(0.5)
+        method_from_conf("cats", sparsity=0.5, calibration=None)
 
 
 def test_missing_calibration_text_is_a_user_error(calibration):
     model, tok = tiny_model("tiny_llama")
-    method = CATS(0.5, calibration={**calibration, "text_file": "/nope.txt"})
+    method = calibrated("cats", {**calibration, "text_file": "/nope.txt"}, sparsity=0.5)
     with pytest.raises(UserError, match=r"/nope\.txt"):
-        method.prepare(model, adapter_for(model), tok)
+        prepared(method, model, tok)

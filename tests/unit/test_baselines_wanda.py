@@ -14,7 +14,7 @@ from bwprune.engine.ledger import SparsityLedger
 from bwprune.errors import UserError
 from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
-from tests.conftest import CONF_DIR, reported
+from tests.conftest import CONF_DIR, method_from_conf, prepared, reported
 
 LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
 
@@ -33,13 +33,17 @@ def cal(tmp_path):
                 cache_dir=str(tmp_path))  # fmt: skip
 
 
+def wanda(cal, **args) -> Wanda:
+    return method_from_conf("wanda", calibration=cal, cache_dir=cal["cache_dir"], **args)
+
+
 def pruned(pattern, cal, sparsity=0.5):
     """(pruned model, method, dense weights, a ledger of the model as loaded)."""
     model, tok = fresh_model()
     dense = {n: p.clone() for n, p in model.named_parameters()}
     ledger = SparsityLedger(adapter_for(model), torch.device("cpu"))
-    method = Wanda(sparsity, pattern=pattern, calibration=cal)
-    method.prepare(model, adapter_for(model), tok)
+    method = wanda(cal, sparsity=sparsity, pattern=pattern)
+    prepared(method, model, tok)
     return model, method, dense, ledger
 
 
@@ -61,7 +65,7 @@ def test_two_four_holds_in_every_group(cal):
     for lin in linears(model):
         groups = (lin.weight == 0).reshape(lin.out_features, -1, 4).sum(dim=-1)
         assert torch.all(groups == 2)
-    row = reported(method, ledger)
+    row = reported(method, model, ledger)
     assert row["per_layer"] == [0.5, 0.5]  # half of every gate/up/down weight
     zeroed = sum(lin.weight.numel() // 2 for lin in linears(model))
     assert row["params"] == pytest.approx(zeroed / ledger.total_params)
@@ -72,7 +76,7 @@ def test_two_four_holds_in_every_group(cal):
 def test_sparsity_zero_changes_nothing(cal):
     model, method, dense, ledger = pruned("2:4", cal, sparsity=0.0)
     assert all(torch.equal(dense[n], p) for n, p in model.named_parameters())
-    assert reported(method, ledger)["sparse_steps"] == 0
+    assert reported(method, model, ledger)["sparse_steps"] == 0
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
 
 
@@ -80,13 +84,13 @@ def test_later_layers_are_calibrated_on_pruned_outputs(cal):
     """Layer 0 sees the embeddings either way; layer 1's inputs change once layer 0 is pruned,
     so its statistics differ from those of one dense pass."""
     model, tok = fresh_model()
-    method = Wanda(0.5, pattern="unstructured", calibration=cal)
+    method = wanda(cal, sparsity=0.5, pattern="unstructured")
     norms = {}
     sequential = method._sequential_norms
     method._sequential_norms = lambda stream, adapter: (
         norms.update(sequential(stream, adapter)) or norms
     )
-    method.prepare(model, adapter_for(model), tok)
+    prepared(method, model, tok)
 
     dense_model, _ = fresh_model()
     dense = {0: 0.0, 1: 0.0}
@@ -123,13 +127,13 @@ def test_wanda_mask_on_hand_made_scores():
         (dict(sparsity=0.5, pattern="3:2"), "pattern='3:2' is not valid"),
         (dict(sparsity=0.5, pattern="dense"), "pattern='dense' is not valid"),
         (dict(sparsity=0.3, pattern="2:4", calibration={"x": 1}), "sparsity=0.3 must be 0.5"),
-        (dict(sparsity=0.5, pattern="unstructured"), "needs a calibration config"),
+        (dict(sparsity=0.5, pattern="unstructured", calibration=None), "needs a calibration"),
         (dict(sparsity=1.0), r"outside \[0, 1\)"),
     ],
 )
 def test_bad_arguments(kw, message):
     with pytest.raises(UserError, match=message):
-        Wanda(**kw)
+        method_from_conf("wanda", **kw)
 
 
 def test_parse_pattern():

@@ -10,34 +10,44 @@ import torch
 from torch._dynamo.utils import counters
 from tqdm import tqdm
 
-from baselines.cats import CATS
-from baselines.dense import Dense
-from baselines.griffin import Griffin
 from baselines.teal import TEAL
 from bwprune.engine.rows import bucket
 from bwprune.generation.evaluate import BatchProgress
 from bwprune.generation.runner import BatchedRunner, EngineConfig, Forcing, SamplingConfig
 from bwprune.methods.base import PruningMethod
-from bwprune.methods.ours import BWAP
+from bwprune.methods.thresholds import SiteCost
 from bwprune.models.adapters import adapter_for
-from tests.conftest import PROMPTS, chat, tiny_model
+from tests.conftest import PROMPTS, chat, method_from_conf, prepared, tiny_model
 
 REFERENCE = EngineConfig(kv_cache="dynamic", compaction=False)
 N = 30  # ours below: t_init 2, then periods of 3 sparse + 2 dense steps
 
 
-def methods(calibration=None) -> dict:
+def hand_set(name: str, threshold: float, **args) -> PruningMethod:
+    """TEAL or CATS whose `prepare` sets `threshold` everywhere (no calibration), and the costs
+    its own `prepare` would."""
+    method = method_from_conf(name, sparsity=0.5, calibration={"x": 1}, **args)
+
+    def prepare(model, adapter, tok):  # [layer][site], as the method's `prepare` sets them
+        method.thresholds = [[threshold] * len(method.sites) for _ in adapter.layers]
+        if name == "teal":
+            method.costs = [TEAL._costs(adapter, i) for i in range(len(adapter.layers))]
+        else:
+            method.costs = [[SiteCost(1.0 / f.d_ff, float(f.up.in_features + f.down.out_features))]
+                            for f in adapter.ffns()]  # fmt: skip
+
+    method.prepare = prepare
+    return method
+
+
+def methods(shared: bool = True, teal: float = 0.02) -> dict:
     """One method per family; the threshold methods with a hand-set threshold (no calibration)."""
-    teal, cats = TEAL(0.5, calibration={"x": 1}), CATS(0.5, calibration={"x": 1})
-    teal.thresholds = [[0.02] * 4, [0.02] * 4]  # [layer][site], set as `prepare` would
-    cats.thresholds = [0.05, 0.05]
-    teal.prepare = cats.prepare = lambda *a: None
     return {
-        "dense": Dense(),
-        "ours": BWAP(0.5, t_init=2, t_prune=3, t_explore=2),
-        "griffin": Griffin(0.5),
-        "teal": teal,
-        "cats": cats,
+        "dense": method_from_conf("dense"),
+        "ours": method_from_conf("ours", sparsity=0.5, t_init=2, t_prune=3, t_explore=2),
+        "griffin": method_from_conf("griffin", sparsity=0.5),
+        "teal": hand_set("teal", teal, shared_mask=shared),
+        "cats": hand_set("cats", 0.05, shared_mask=shared),
     }
 
 
@@ -45,7 +55,7 @@ def generate(model, tok, method, engine, prompts=PROMPTS, lengths=None, n=N, run
     """(completions, (steps, B, V) logits): free greedy generation, or teacher-forced on fixed
     tokens with per-row `lengths` (rows finish at different steps)."""
     adapter = adapter_for(model)
-    method.prepare(model, adapter, tok)
+    prepared(method, model, tok)
     runner = runner or BatchedRunner(model, tok, method, adapter, SamplingConfig(n), engine=engine)
     ids, attn = runner.encode(chat(tok, prompts))
     forced = None
@@ -55,10 +65,9 @@ def generate(model, tok, method, engine, prompts=PROMPTS, lengths=None, n=N, run
         )
         forced = Forcing(tokens, torch.tensor(lengths))
     logits: list[torch.Tensor] = []
-    with method.attach(model, adapter):
-        out, _ = runner.generate_tokens(
-            ids, attn, forced=forced, observe=lambda i, x: logits.append(x.clone())
-        )
+    out, _ = runner.generate_tokens(
+        ids, attn, forced=forced, observe=lambda i, x: logits.append(x.clone())
+    )
     return out, torch.stack(logits)
 
 
@@ -74,7 +83,8 @@ def test_static_cache_generates_the_reference_tokens(tiny, name):
 def test_a_decode_step_allocates_no_cache_and_batches_reuse_it():
     model, tok = tiny_model("tiny_llama")
     adapter = adapter_for(model)
-    runner = BatchedRunner(model, tok, Dense(), adapter, SamplingConfig(12, ignore_eos=True))
+    dense = method_from_conf("dense")
+    runner = BatchedRunner(model, tok, dense, adapter, SamplingConfig(12, ignore_eos=True))
     seen: list[list[int]] = []
     step = runner.step
     runner.step = lambda cache, *a: (seen.append(cache.data_ptrs()), step(cache, *a))[1]
@@ -134,10 +144,7 @@ def test_one_model_compiled_under_several_methods_runs_each_methods_own_graph():
     engine = EngineConfig(compile=True, backend="eager", compaction=False)
 
     def make(name: str, threshold: float | None) -> PruningMethod:
-        method = methods()[name]
-        if threshold is not None:
-            method.thresholds = [[threshold] * 4] * 2
-        return method
+        return methods(teal=threshold or 0.02)[name]
 
     for name, threshold in [("dense", None), ("teal", 0.02), ("teal", 0.08), ("cats", None),
                             ("dense", None)]:  # fmt: skip
@@ -168,6 +175,7 @@ def test_threshold_accounting_keeps_its_address_across_steps_and_batches(name):
     model, tok = tiny_model("tiny_llama")
     adapter = adapter_for(model)
     method = methods()[name]
+    prepared(method, model, tok)
     runner = BatchedRunner(model, tok, method, adapter, SamplingConfig(6, ignore_eos=True))
     seen: list[tuple[int, ...]] = []
     end_step = method.end_step
@@ -181,8 +189,7 @@ def test_threshold_accounting_keeps_its_address_across_steps_and_batches(name):
 
     method.end_step = spy
     for prompts in (PROMPTS, PROMPTS[::-1]):
-        with method.attach(model, adapter):
-            runner.generate(chat(tok, prompts))
+        runner.generate(chat(tok, prompts))
     assert len(seen) == 10 and len(set(seen)) == 1
 
 
@@ -190,7 +197,8 @@ def test_progress_inside_a_batch_sees_every_step_and_the_live_rows():
     model, tok = tiny_model("tiny_llama")
     calls: list[tuple[int, int]] = []
     adapter = adapter_for(model)
-    runner = BatchedRunner(model, tok, Dense(), adapter, SamplingConfig(6))
+    dense = method_from_conf("dense")
+    runner = BatchedRunner(model, tok, dense, adapter, SamplingConfig(6))
     ids, attn = runner.encode(chat(tok, PROMPTS))
     forced = Forcing(torch.full((3, 6), 50), torch.tensor([6, 2, 4]))
     runner.generate_tokens(ids, attn, forced=forced, progress=lambda *a: calls.append(a))

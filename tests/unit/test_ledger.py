@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from bwprune.engine.ledger import SparsityLedger, StepSparsity
+from bwprune.engine.ledger import SparsityLedger
 from bwprune.engine.realized import combine
+from bwprune.methods.base import StepSparsity
 from bwprune.models.adapters import adapter_for
 
 

@@ -9,10 +9,17 @@ from bwprune.errors import UserError
 from bwprune.methods.neuron_scores import (
     aggregate,
     kept_count,
-    normalized_sq,
     phase_score,
     topk_index,
+    unit_sq,
 )
+
+
+def summed_sq(z, valid):
+    """(B, T, D) activations of (B, T) `valid` tokens -> (B, D) per-row sums of `unit_sq`, from
+    the flat valid tokens as a host hands them in."""
+    rows, _ = valid.nonzero(as_tuple=True)
+    return torch.zeros(z.shape[0], z.shape[-1]).index_add_(0, rows, unit_sq(z[valid]))
 
 
 def eq2(z, valid):
@@ -25,7 +32,7 @@ def eq2(z, valid):
 def test_eq2_on_a_hand_computed_tensor():
     z = torch.tensor([[[3.0, 4.0, 0.0], [0.0, 0.0, 2.0]]])  # one row, two tokens
     valid = torch.tensor([[True, True]])
-    s = phase_score(normalized_sq(z, valid), valid.sum(1))
+    s = phase_score(summed_sq(z, valid), valid.sum(1))
     # tokens normalise to (0.6, 0.8, 0) and (0, 0, 1); RMS over 2 tokens
     expected = torch.tensor([[0.6 / math.sqrt(2), 0.8 / math.sqrt(2), 1 / math.sqrt(2)]])
     torch.testing.assert_close(s, expected)
@@ -35,15 +42,15 @@ def test_padding_and_length_do_not_change_scores():
     torch.manual_seed(0)
     z = torch.randn(2, 5, 8)
     valid = torch.tensor([[False, False, True, True, True], [True] * 5])
-    s = phase_score(normalized_sq(z, valid), valid.sum(1))
+    s = phase_score(summed_sq(z, valid), valid.sum(1))
     torch.testing.assert_close(s[0], eq2(z[0], valid[0]))
     torch.testing.assert_close(s[1], eq2(z[1], valid[1]))
     z2 = z.clone()
     z2[0, :2] = 1e6  # garbage under padding
-    torch.testing.assert_close(phase_score(normalized_sq(z2, valid), valid.sum(1)), s)
+    torch.testing.assert_close(phase_score(summed_sq(z2, valid), valid.sum(1)), s)
     doubled = torch.cat([z[1:], z[1:]], dim=1)  # same tokens twice: same score (1/sqrt(T))
     ones = torch.ones(1, 10, dtype=torch.bool)
-    torch.testing.assert_close(phase_score(normalized_sq(doubled, ones), ones.sum(1))[0], s[1])
+    torch.testing.assert_close(phase_score(summed_sq(doubled, ones), ones.sum(1))[0], s[1])
 
 
 def test_aggregate_max_dominates_rows_and_ignores_empty_rows():

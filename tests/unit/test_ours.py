@@ -1,4 +1,4 @@
-"""`ours` (BWAP): schedule, memory, exact k, dense equivalence, threshold drift."""
+"""`ours`: schedule, memory, exact k, dense equivalence, threshold drift."""
 
 import itertools
 
@@ -8,49 +8,49 @@ import torch
 from baselines.dense import Dense
 from bwprune.errors import UserError
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
-from bwprune.methods.base import Phase
-from bwprune.methods.ours import BWAP
+from bwprune.methods.ours import Ours
 from bwprune.models.adapters import adapter_for
-from tests.conftest import PROMPTS, chat, compose_cfg, tiny_model
+from tests.conftest import PROMPTS, chat, compose_cfg, method_from_conf, prepared, tiny_model
 
 N = 40  # new tokens: t_init 4 + two periods of 3 sparse + 2 dense + ...
 
 
 def generate(model, tok, method, prompts, n=N):
-    adapter = adapter_for(model)
-    method.prepare(model, adapter, tok)
-    runner = BatchedRunner(model, tok, method, adapter, SamplingConfig(n))
-    with method.attach(model, adapter):
-        return runner.generate(chat(tok, prompts))
+    prepared(method, model, tok)
+    runner = BatchedRunner(model, tok, method, adapter_for(model), SamplingConfig(n))
+    return runner.generate(chat(tok, prompts))
 
 
-class Recorder(BWAP):
-    """BWAP that logs, before each decode step, whether it prunes and the kept sets."""
+class Recorder(Ours):
+    """`ours` logging, before each decode step, whether it prunes and the kept sets."""
 
-    def begin_batch(self, batch_size):
-        super().begin_batch(batch_size)
+    def start(self, batch_size):
+        super().start(batch_size)
         self.log = []
 
     def before_forward(self, ctx):
         super().before_forward(ctx)
-        if ctx.phase is Phase.DECODE:
-            kept = [None if s.index is None else s.index.clone() for s in self.sliced]
-            memory = [None if m is None else m.clone() for m in self.memory]
-            self.log.append((ctx.step, kept, memory))
+        kept = [None if k is None else k.clone() for k in self.kept]
+        memory = [None if m is None else m.clone() for m in self.memory]
+        self.log.append((ctx.step, kept, memory))
+
+
+def recorder(**args) -> Recorder:
+    return method_from_conf("ours", cls=Recorder, **args)
 
 
 @pytest.mark.parametrize("kw", [dict(sparsity=0.0), dict(sparsity=0.5, t_prune=0)])
 def test_rho_zero_or_no_pruning_steps_is_dense(tiny, kw):
     model, tok = tiny
     dense, _ = generate(model, tok, Dense(), PROMPTS)
-    ours, _ = generate(model, tok, BWAP(**kw), PROMPTS)
+    ours, _ = generate(model, tok, method_from_conf("ours", **kw), PROMPTS)
     assert [c.token_ids for c in ours] == [c.token_ids for c in dense]
     assert all(c.sparsity["sparse_steps"] == 0 for c in ours)
 
 
 def test_schedule_exact_k_and_mask_changes_only_at_period_boundaries(tiny):
     model, tok = tiny
-    method = Recorder(sparsity=0.5, t_init=4, t_explore=2, t_prune=3)
+    method = recorder(sparsity=0.5, t_init=4, t_explore=2, t_prune=3)
     completions, _ = generate(model, tok, method, PROMPTS)
     period = 5
     prev = None
@@ -68,7 +68,7 @@ def test_schedule_exact_k_and_mask_changes_only_at_period_boundaries(tiny):
 
 def test_memory_only_grows(tiny):
     model, tok = tiny
-    method = Recorder(sparsity=0.5, t_init=2, t_explore=2, t_prune=2)
+    method = recorder(sparsity=0.5, t_init=2, t_explore=2, t_prune=2)
     generate(model, tok, method, PROMPTS)
     memories = [m for _, _, m in method.log if m[0] is not None]
     for before, after in itertools.pairwise(memories):
@@ -78,9 +78,9 @@ def test_memory_only_grows(tiny):
 def test_batch_of_one_equals_per_sample_scores(tiny):
     """Max over a batch of one is that sample's own score: same masks as the row alone."""
     model, tok = tiny
-    alone = Recorder(sparsity=0.5, t_init=3, t_explore=2, t_prune=3, aggregate="mean")
+    alone = recorder(sparsity=0.5, t_init=3, t_explore=2, t_prune=3, aggregate="mean")
     generate(model, tok, alone, PROMPTS[:1])
-    again = Recorder(sparsity=0.5, t_init=3, t_explore=2, t_prune=3, aggregate="max")
+    again = recorder(sparsity=0.5, t_init=3, t_explore=2, t_prune=3, aggregate="max")
     generate(model, tok, again, PROMPTS[:1])
     for (_, k1, _), (_, k2, _) in zip(alone.log, again.log):
         assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(k1, k2))
@@ -89,8 +89,8 @@ def test_batch_of_one_equals_per_sample_scores(tiny):
 def test_finished_and_padded_rows_do_not_move_the_mask(tiny):
     """A row that stops at once contributes only its prompt; padding never contributes."""
     model, tok = tiny
-    short = Recorder(sparsity=0.5, t_init=2, t_explore=2, t_prune=2)
-    both = Recorder(sparsity=0.5, t_init=2, t_explore=2, t_prune=2, aggregate="max")
+    short = recorder(sparsity=0.5, t_init=2, t_explore=2, t_prune=2)
+    both = recorder(sparsity=0.5, t_init=2, t_explore=2, t_prune=2, aggregate="max")
     generate(model, tok, short, PROMPTS[:1])
     generate(model, tok, both, PROMPTS[:1] * 2)  # the same row twice: max == the row itself
     for (_, k1, _), (_, k2, _) in zip(short.log, both.log):
@@ -103,8 +103,16 @@ def test_threshold_drifts_with_batch_while_topk_stays_at_rho(tmp_path):
     realized = {}
     for select in ("topk", "threshold"):
         for batch in (1, 3):
-            method = BWAP(0.5, t_init=2, t_explore=2, t_prune=4, select=select,
-                          calibration=cal, cache_dir=str(tmp_path))  # fmt: skip
+            method = method_from_conf(
+                "ours",
+                sparsity=0.5,
+                t_init=2,
+                t_explore=2,
+                t_prune=4,
+                select=select,
+                calibration=cal,
+                cache_dir=str(tmp_path),
+            )
             completions, _ = generate(model, tok, method, (PROMPTS * 2)[:batch], n=30)
             realized[select, batch] = completions[0].sparsity["ffn_sparse_steps"]
     assert realized["topk", 1] == realized["topk", 3] == pytest.approx(0.5)
@@ -120,33 +128,27 @@ def test_threshold_drifts_with_batch_while_topk_stays_at_rho(tmp_path):
         (dict(sparsity=0.5, aggregate="sum"), r"aggregate='sum' is not valid; choose one of"),
         (dict(sparsity=0.5, k_rule="ceil"), "k_rule='ceil'"),
         (dict(sparsity=0.5, select="random"), "select='random'"),
-        (dict(sparsity=0.5, select="threshold"), "needs a calibration config"),
+        (dict(sparsity=0.5, select="threshold", calibration=None), "needs a calibration config"),
     ],
 )
 def test_bad_arguments(kw, message):
     with pytest.raises(UserError, match=message):
-        BWAP(**kw)
+        method_from_conf("ours", **kw)
 
 
 def test_finished_rows_do_not_change_the_batch_score(tiny):
-    """During decode a finished row still runs through the model (fed padding); its
-    activations must not enter the phase scores."""
-    from bwprune.engine.ledger import SparsityLedger
-    from bwprune.engine.protocol import MethodDriver
-    from bwprune.methods.neuron_scores import aggregate
-
+    """A row whose tokens are not valid (a finished row fed padding, padding itself) runs
+    through the model, but its activations must not enter the batch score."""
     model, tok = tiny
-    adapter = adapter_for(model)
-    method = BWAP(0.5)
-    method.prepare(model, adapter, tok)
-    driver = MethodDriver(method, SparsityLedger(adapter, torch.device("cpu")))
+    method = method_from_conf("ours", sparsity=0.5)
+    driver = prepared(method, model, tok)
     ids = torch.tensor([[5, 6, 7], [9, 200, 31]])
 
     def batch_score(rows, valid):
-        with method.attach(model, adapter):
+        with driver.attached():
             driver.start(len(rows))
             driver.prefill(valid, lambda: model(input_ids=ids[rows]))
-            return aggregate(method.phase.scores(0), method.phase.rows, "max")
+            return method.memory[0]  # the prompts' batch score, absorbed
 
     alone = batch_score([0], torch.ones(1, 3, dtype=torch.bool))
     with_finished = batch_score([0, 1], torch.tensor([[True] * 3, [False] * 3]))

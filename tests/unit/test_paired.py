@@ -16,7 +16,6 @@ from bwprune.experiment import run
 from bwprune.generation import paired as paired_module
 from bwprune.generation.paired import PairedSettings, PairedTiming
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
-from bwprune.hooks import HookSet
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
@@ -65,12 +64,10 @@ def test_time_to_answer_counts_the_steps_a_longer_answer_takes():
 
 
 class Slow(PruningMethod):
-    """A method that only adds time (5 ms per forward): its paired speedup must be below 1."""
+    """A method that only adds time (20 ms per forward): its paired speedup must be below 1."""
 
-    def attach(self, model, adapter) -> HookSet:
-        hooks = HookSet()
-        hooks.forward(model, lambda *_: time.sleep(0.005))
-        return hooks
+    def begin_step(self, ctx) -> None:
+        time.sleep(0.02)
 
 
 def test_a_method_that_adds_work_times_below_dense():
@@ -78,8 +75,7 @@ def test_a_method_that_adds_work_times_below_dense():
     adapter = adapter_for(model)
     runner = BatchedRunner(model, tok, Slow(), adapter, SamplingConfig(12))
     ids, attn = runner.encode(chat(tok, ["What is 2 + 3?", "Hi"]))
-    with runner.method.attach(model, adapter):
-        completions, timing = runner.generate_tokens(ids, attn)
+    completions, timing = runner.generate_tokens(ids, attn)
     paired = PairedTiming(runner, adapter, model, PairedSettings(1, 3, 1))
     row = {"prefill_s": timing.prefill_s, "decode_s": timing.decode_s, "step_ms": [],
            "paired": paired.measure(ids, attn, completions)}  # fmt: skip

@@ -10,17 +10,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from baselines.dense import Dense
-from baselines.trisp import TriSP
 from bwprune.benchmarks.wikitext2 import WikiText2
 from bwprune.config import build
-from bwprune.engine.ledger import SparsityLedger, StepSparsity
+from bwprune.engine.ledger import SparsityLedger
 from bwprune.errors import UserError
-from bwprune.methods.base import Phase, PruningMethod
+from bwprune.methods.base import Phase, PruningMethod, StepSparsity
 from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
 from bwprune.perplexity import evaluate_perplexity
-from tests.conftest import compose_cfg, tiny_model
+from tests.conftest import compose_cfg, method_from_conf, prepared, tiny_model
 
 TEXT = "The quick brown fox jumps over the lazy dog . " * 8  # 368 bytes = byte-tokenizer tokens
 
@@ -67,7 +65,7 @@ def test_one_window_equals_the_mean_cross_entropy(text_file):
     model, tok = tiny_model("tiny_llama")
     ids = tok(TEXT, return_tensors="pt").input_ids
     bench = WikiText2("w", str(text_file), seq_len=ids.shape[1])
-    m = evaluate_perplexity(model, tok, Dense(), adapter_for(model), bench)
+    m = evaluate_perplexity(model, tok, method_from_conf("dense"), adapter_for(model), bench)
     with torch.no_grad():
         logits = model(input_ids=ids).logits
     ce = F.cross_entropy(logits[0, :-1], ids[0, 1:])
@@ -79,12 +77,18 @@ def test_batch_size_and_stride_bookkeeping(text_file):
     model, tok = tiny_model("tiny_qwen2")
     n = len(tok(TEXT).input_ids)
     blocked = WikiText2("w", str(text_file), seq_len=40)
-    one = evaluate_perplexity(model, tok, Dense(), adapter_for(model), blocked, batch_size=1)
-    four = evaluate_perplexity(model, tok, Dense(), adapter_for(model), blocked, batch_size=4)
+    one = evaluate_perplexity(
+        model, tok, method_from_conf("dense"), adapter_for(model), blocked, batch_size=1
+    )
+    four = evaluate_perplexity(
+        model, tok, method_from_conf("dense"), adapter_for(model), blocked, batch_size=4
+    )
     assert one["n_tokens"] == four["n_tokens"] == n - one["n_windows"]  # block starts unscored
     assert one["perplexity"] == pytest.approx(four["perplexity"], rel=1e-5)
     strided = WikiText2("w", str(text_file), seq_len=40, stride=10)
-    s = evaluate_perplexity(model, tok, Dense(), adapter_for(model), strided, batch_size=3)
+    s = evaluate_perplexity(
+        model, tok, method_from_conf("dense"), adapter_for(model), strided, batch_size=3
+    )
     assert s["n_tokens"] == n - 1 and s["n_windows"] > one["n_windows"]
     assert math.isfinite(s["perplexity"]) and s["perplexity"] != one["perplexity"]
 
@@ -96,15 +100,11 @@ class Recorder(PruningMethod):
         self.calls: list[tuple] = []
         self.layers = layers
 
-    def attach(self, model, adapter):
-        self.calls.append(("attach",))
-        return super().attach(model, adapter)
-
-    def begin_batch(self, batch_size):
-        self.calls.append(("begin_batch", batch_size))
+    def start(self, batch_size):
+        self.calls.append(("start", batch_size))
 
     def begin_step(self, ctx):
-        self.calls.append(("begin_step", ctx.phase, tuple(ctx.valid.shape), bool(ctx.valid.all())))
+        self.calls.append(("begin_step", ctx.phase, ctx.batch_size, ctx.entering.tolist()))
 
     def end_step(self, ctx):
         self.calls.append(("end_step", ctx.phase))
@@ -118,13 +118,12 @@ def test_method_sees_prefill_steps_and_ledger_counts_every_window(text_file):
     bench = WikiText2("w", str(text_file), seq_len=100, max_windows=3)
     ledger = SparsityLedger(adapter, torch.device("cpu"))
     m = evaluate_perplexity(model, tok, method, adapter, bench, batch_size=2, ledger=ledger)
-    assert method.calls[0] == ("attach",)
-    assert method.calls[1:4] == [
-        ("begin_batch", 2),
-        ("begin_step", Phase.PREFILL, (2, 100), True),
+    assert method.calls[:3] == [
+        ("start", 2),
+        ("begin_step", Phase.PREFILL, 2, [0, 1]),  # a scored window: every row's text, whole
         ("end_step", Phase.PREFILL),
     ]
-    assert ("begin_batch", 1) in method.calls
+    assert ("start", 1) in method.calls
     rs = m["realized_sparsity"]
     assert rs["decode_steps"] == 3 and rs["ffn"] == pytest.approx(0.25)
 
@@ -136,8 +135,8 @@ def test_trisp_perplexity_records_what_it_removed(text_file):
     ledger = SparsityLedger(adapter, torch.device("cpu"))  # before prepare: the original model
     before = adapter.num_params()
     calibration = {"text_file": str(text_file), "num_sequences": 2, "seq_len": 32, "seed": 0}
-    method = TriSP(0.3, calibration, recovery="bias")
-    method.prepare(model, adapter, tok)
+    method = method_from_conf("trisp", sparsity=0.3, calibration=calibration, recovery="bias")
+    prepared(method, model, tok)
     bench = WikiText2("w", str(text_file), seq_len=64, max_windows=2)
     m = evaluate_perplexity(model, tok, method, adapter, bench, ledger=ledger)
     assert math.isfinite(m["perplexity"])
@@ -153,7 +152,9 @@ def test_dense_smollm2_perplexity_is_finite_and_reproducible():
     model, tok = load_model(cfg.model, cfg.paths.cache_dir)
     bench = build(cfg.benchmark)
     runs = [
-        evaluate_perplexity(model, tok, Dense(), adapter_for(model), bench, batch_size=bs)
+        evaluate_perplexity(
+            model, tok, method_from_conf("dense"), adapter_for(model), bench, batch_size=bs
+        )
         for bs in (1, 2)
     ]
     assert runs[0]["n_tokens"] == runs[1]["n_tokens"] == 2 * 127

@@ -5,11 +5,9 @@ import torch
 
 from bwprune.experiment import run
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
-from bwprune.methods.base import PruningMethod
-from bwprune.methods.ours import BWAP
 from bwprune.models.adapters import adapter_for
 from bwprune.quality import binned_kl, dense_reference, forced_quality
-from tests.conftest import PROMPTS, chat
+from tests.conftest import PROMPTS, chat, method_from_conf, prepared
 
 
 def test_binned_kl_is_exact_with_all_tokens_and_a_lower_bound_otherwise():
@@ -28,7 +26,9 @@ def dense_setup(tiny, new_tokens, top_k):
     """(model, tokenizer, adapter, ids, attn, the dense greedy reference) for PROMPTS."""
     model, tok = tiny
     adapter = adapter_for(model)
-    dense = BatchedRunner(model, tok, PruningMethod(), adapter, SamplingConfig(new_tokens))
+    dense = BatchedRunner(
+        model, tok, method_from_conf("dense"), adapter, SamplingConfig(new_tokens)
+    )
     ids, attn = dense.encode(chat(tok, PROMPTS))
     return model, tok, adapter, dense, ids, attn, dense_reference(dense, ids, attn, top_k)
 
@@ -44,12 +44,11 @@ def test_dense_against_itself_has_zero_kl_and_equal_nll(tiny):
 
 def test_pruned_method_diverges_from_dense(tiny):
     model, tok, adapter, _, ids, attn, ref = dense_setup(tiny, 24, 64)
-    method = BWAP(0.7, t_init=2, t_explore=2, t_prune=6)
-    method.prepare(model, adapter, tok)
+    method = method_from_conf("ours", sparsity=0.7, t_init=2, t_explore=2, t_prune=6)
+    prepared(method, model, tok)
     pruned = BatchedRunner(model, tok, method, adapter, SamplingConfig(24))
-    with method.attach(model, adapter):
-        rows = forced_quality(pruned, ids, attn, ref)
-        traced = forced_quality(pruned, ids, attn, ref, traces=True)
+    rows = forced_quality(pruned, ids, attn, ref)
+    traced = forced_quality(pruned, ids, attn, ref, traces=True)
     assert all(r["kl"] > 0 for r in rows)
     assert all("trace" not in r for r in rows), "traces are opt-in: they are large"
     for row, t in zip(rows, traced):

@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from baselines.dense import Dense
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.models.adapters import adapter_for
-from tests.conftest import PROMPTS, chat
+from tests.conftest import PROMPTS, chat, method_from_conf
 
 
 def make_runner(model, tok, n=24, **kw):
-    return BatchedRunner(model, tok, Dense(), adapter_for(model), SamplingConfig(n, **kw))
+    dense = method_from_conf("dense")
+    return BatchedRunner(model, tok, dense, adapter_for(model), SamplingConfig(n, **kw))
 
 
 def test_greedy_equals_hf_generate(tiny):

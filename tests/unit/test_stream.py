@@ -14,41 +14,21 @@ import pandas as pd
 import pytest
 import torch
 
-from baselines.cats import CATS
-from baselines.dense import Dense
-from baselines.griffin import Griffin
-from baselines.teal import TEAL
 from bwprune.config import validate
 from bwprune.errors import UserError
 from bwprune.experiment import run
 from bwprune.generation.runner import BatchedRunner, EngineConfig, Forcing, SamplingConfig
 from bwprune.generation.stream import StreamRunner
-from bwprune.methods.ours import BWAP
 from bwprune.models.adapters import adapter_for
 from bwprune.records import RunRecorder, run_key
 from bwprune.report.speed_table import stream_line
 from bwprune.report.stream import static_runs, stream_pairs
 from bwprune.speed import measure_streaming, stream_lengths
-from tests.conftest import chat, tiny_model
+from tests.conftest import chat, method_from_conf, prepared, tiny_model
+from tests.unit.test_engine import methods
 
 CAP = 30
 TEXTS = [f"Q{i} " + "ab " * (i * 3 % 5) for i in range(20)]
-
-
-def methods(shared: bool) -> dict:
-    """One method per family; threshold methods hand-set (no calibration), per token or shared."""
-    teal = TEAL(0.5, shared_mask=shared, calibration={"x": 1})
-    cats = CATS(0.5, shared_mask=shared, calibration={"x": 1})
-    teal.thresholds = [[0.02] * 4, [0.02] * 4]  # [layer][site], set as `prepare` would
-    cats.thresholds = [0.05, 0.05]
-    teal.prepare = cats.prepare = lambda *a: None
-    return {
-        "dense": Dense(),
-        "teal": teal,
-        "cats": cats,
-        "ours": BWAP(0.5, t_init=2, t_prune=3, t_explore=2),
-        "griffin": Griffin(0.5),
-    }
 
 
 def prompts(tok) -> list[torch.Tensor]:
@@ -98,12 +78,12 @@ def streamed(runner: BatchedRunner, slots: int, ids, forced=None):
 def setup(tiny, method, engine=None, cap=CAP, invariant=False):
     model, tok = tiny
     adapter = adapter_for(model)
-    method.prepare(model, adapter, tok)
+    prepared(method, model, tok)
     sampling = SamplingConfig(cap)
     engine = engine or EngineConfig()
     runner = BatchedRunner(model, tok, method, adapter, sampling, engine=engine,
                            batch_invariant=invariant)  # fmt: skip
-    return runner, method.attach(model, adapter), prompts(tok)
+    return runner, runner.driver.attached(), prompts(tok)
 
 
 @pytest.mark.parametrize("name", ["dense", "teal", "cats"])
@@ -129,7 +109,7 @@ def test_a_streamed_row_computes_what_it_computes_alone(tiny, name):
 def test_free_generation_stops_rows_at_their_own_stop_tokens(tiny):
     """Greedy dense rows that stop at different steps: a stream gives each row its tokens alone,
     with or without compaction of the drain."""
-    runner, _, ids = setup(tiny, Dense())
+    runner, _, ids = setup(tiny, method_from_conf("dense"))
     ref, _ = alone(runner, ids)
     firsts = {c.token_ids[0] for c in ref}
     later = [t for c in ref for t in c.token_ids[3:] if t not in firsts]
@@ -146,7 +126,7 @@ def test_free_generation_stops_rows_at_their_own_stop_tokens(tiny):
 
 
 def test_batch_invariant_streams_are_bit_identical_to_rows_alone():
-    runner, _, ids = setup(tiny_model("tiny_llama"), Dense(), invariant=True)
+    runner, _, ids = setup(tiny_model("tiny_llama"), method_from_conf("dense"), invariant=True)
     forced = references(len(ids))
     _, ref_logits = alone(runner, ids, forced)
     _, logits, order, _ = streamed(runner, 4, ids, forced)
@@ -170,7 +150,7 @@ def test_batch_coupled_methods_stream_and_account_every_row(name):
 
 def test_a_stream_reuses_one_cache():
     """Refills and rebases write into the same preallocated tensors."""
-    runner, _, ids = setup(tiny_model("tiny_llama"), Dense(), cap=CAP)
+    runner, _, ids = setup(tiny_model("tiny_llama"), method_from_conf("dense"), cap=CAP)
     seen: set[tuple[int, ...]] = set()
     step = runner.step
     runner.step = lambda cache, *a: (seen.add(tuple(cache.data_ptrs())), step(cache, *a))[1]
@@ -290,9 +270,7 @@ def test_a_compiled_stream_computes_the_eager_stream_and_never_recompiles(name):
         torch.testing.assert_close(compiled[key], row, atol=1e-5, rtol=1e-5)
     graphs = counters["stats"]["unique_graphs"]
     assert graphs >= 1  # the stream's decode steps ran compiled
-    model = tiny[0]
-    with runner.method.attach(model, adapter_for(model)):  # the first hooks were removed
-        streamed(runner, 3, ids, forced)
+    streamed(runner, 3, ids, forced)  # attached again: the first hooks were removed
     assert counters["stats"]["unique_graphs"] == graphs
 
 
@@ -300,7 +278,7 @@ def test_rows_that_live_through_several_rebases_keep_all_their_columns():
     """Rows nearly as long as the cache (cap 75 in 128 columns) see it move left several times
     while they run: each rebase must move past the columns of the oldest live row, wherever
     earlier rebases put them."""
-    runner, _, ids = setup(tiny_model("tiny_llama"), Dense(), cap=75)
+    runner, _, ids = setup(tiny_model("tiny_llama"), method_from_conf("dense"), cap=75)
     ids = (ids * 2)[:24]
     g = torch.Generator().manual_seed(1)
     forced = [torch.randint(3, 300, (75 - (7 * i) % 37,), generator=g) for i in range(len(ids))]
@@ -315,7 +293,7 @@ def test_the_callers_time_is_not_the_streams(monkeypatch):
     """What the caller does with finished work (scoring, writing) is not decode or prefill time."""
     import time
 
-    runner, _, ids = setup(tiny_model("tiny_llama"), Dense())
+    runner, _, ids = setup(tiny_model("tiny_llama"), method_from_conf("dense"))
     timed, calls = [], []
 
     def slow_caller(items, completions, timing):
@@ -333,6 +311,7 @@ def test_the_callers_time_is_not_the_streams(monkeypatch):
 def test_sliding_window_models_are_refused(monkeypatch):
     model, tok = tiny_model("tiny_qwen2")
     monkeypatch.setattr(model.config, "layer_types", ["sliding_attention", "full_attention"])
-    runner = BatchedRunner(model, tok, Dense(), adapter_for(model), SamplingConfig(4))
+    dense = method_from_conf("dense")
+    runner = BatchedRunner(model, tok, dense, adapter_for(model), SamplingConfig(4))
     with pytest.raises(UserError, match="full-attention"):
         StreamRunner(runner, 2)

@@ -11,14 +11,12 @@ import pytest
 import torch
 
 from baselines.griffin import Griffin
-from bwprune.engine.ledger import SparsityLedger
-from bwprune.engine.protocol import MethodDriver
 from bwprune.errors import UserError
-from bwprune.methods.neuron_mask import PhaseScores
+from bwprune.methods.base import RowsEntered, RowsGathered, Tokens
 from bwprune.methods.neuron_scores import aggregate, topk_index
-from bwprune.methods.ours import BWAP
-from bwprune.models.adapters import adapter_for
-from tests.conftest import tiny_model
+from bwprune.methods.neuron_set import PhaseScores
+from bwprune.methods.ours import Ours
+from tests.conftest import method_from_conf, prepared, tiny_model
 
 PROMPT = 6  # prompt tokens of every row
 
@@ -28,11 +26,9 @@ class Stream:
 
     def __init__(self, method, batch: int = 3) -> None:
         self.model, tok = tiny_model("tiny_llama")
-        adapter = adapter_for(self.model)
-        method.prepare(self.model, adapter, tok)
+        self.driver = prepared(method, self.model, tok)
         self.method, self.batch = method, batch
-        self.driver = MethodDriver(method, SparsityLedger(adapter, torch.device("cpu")))
-        self.hooks = method.attach(self.model, adapter)
+        self.hooks = self.driver.attached()
         self.finished = torch.zeros(batch, dtype=torch.bool)
         self.step = 0
         self.dense_forwards: list[bool] = []  # was every layer dense while each forward ran?
@@ -51,7 +47,7 @@ class Stream:
 
         @torch.no_grad()
         def forward(*_):
-            self.dense_forwards.append(all(s.index is None for s in self.method.sliced))
+            self.dense_forwards.append(all(s.index is None for s in self.driver.host.sliced))
             return self.model(input_ids=ids)
 
         return forward
@@ -72,7 +68,7 @@ class Stream:
 
 
 def kept(method) -> list[torch.Tensor | None]:
-    return [None if s.index is None else s.index.clone() for s in method.sliced]
+    return [None if k is None else k.clone() for k in method.kept]
 
 
 def same_kept(a, b) -> bool:
@@ -92,7 +88,7 @@ class Seen:
         super().prompts_entered(slots, scores)
 
 
-class SeenBWAP(Seen, BWAP):
+class SeenOurs(Seen, Ours):
     pass
 
 
@@ -100,28 +96,33 @@ class SeenGriffin(Seen, Griffin):
     pass
 
 
-class Logged(BWAP):
-    """BWAP logging every absorbed phase: (memory before, s̄ computed here, memory after)."""
+class Logged(Ours):
+    """Ours logging every absorbed phase: (memory before, s̄ computed here, memory after)."""
 
-    def begin_batch(self, batch_size):
-        super().begin_batch(batch_size)
+    def start(self, batch_size):
+        super().start(batch_size)
         self.absorbed = []
 
     def _absorb(self, phase):
         before = [None if m is None else m.clone() for m in self.memory]
         super()._absorb(phase)
-        if phase.count is not None:
+        if phase.observed:
             score = [aggregate(phase.scores(i), phase.rows, self.aggregate) for i in range(2)]
             self.absorbed.append((before, score, [m.clone() for m in self.memory]))
 
 
-# -- the entering prefill (NeuronMaskMethod) -------------------------------------------------------
+def logged(**args) -> Logged:
+    return method_from_conf("ours", cls=Logged, sparsity=0.5, **args)
+
+
+# -- the entering prefill (NeuronSetMethod) --------------------------------------------------------
 @pytest.mark.parametrize(
-    "method",
-    [SeenBWAP(0.5, t_init=2, t_explore=2, t_prune=3), SeenGriffin(0.5)],
+    ("name", "cls", "args"),
+    [("ours", SeenOurs, dict(t_init=2, t_explore=2, t_prune=3)), ("griffin", SeenGriffin, {})],
     ids=["ours", "griffin"],
 )
-def test_entering_prompts_run_dense_and_find_the_kept_sets_as_they_were(method):
+def test_entering_prompts_run_dense_and_find_the_kept_sets_as_they_were(name, cls, args):
+    method = method_from_conf(name, cls=cls, sparsity=0.5, **args)
     with Stream(method) as s:
         s.decode(3)  # ours: steps 0, 1 dense, step 2 sparse; griffin: sparse from step 0
         before, sparsity = kept(method), method._ffn_sparsity.clone()
@@ -132,21 +133,21 @@ def test_entering_prompts_run_dense_and_find_the_kept_sets_as_they_were(method):
     seen_kept, seen_sparsity, _, scores = method.seen
     assert same_kept(seen_kept, before)
     assert torch.equal(seen_sparsity, sparsity)
-    assert scores.count.tolist() == [PROMPT]  # one row: the entering prompt alone
+    assert scores.count[0].tolist() == [0, PROMPT, 0]  # one row: the entering prompt alone
 
 
 def test_entering_prompts_leave_the_open_phase_alone():
-    """The open phase only sees its slot handed over (`replace`), never the entering prompt."""
-    method = SeenBWAP(0.5, t_init=4)
+    """The open phase only sees its slot handed over (`follow`), never the entering prompt."""
+    method = method_from_conf("ours", cls=SeenOurs, sparsity=0.5, t_init=4)
     with Stream(method) as s:
         s.decode(2)  # inside the t_init window: a phase is open, no mask
         phase = method.phase
         before = [phase.scores(i).clone() for i in range(2)]
-        count = phase.count.clone()
+        count = phase.count[0].clone()
         s.leave(1)
         s.enter(1)
         assert method.phase is phase and method.seen[2] is phase
-        assert phase.count.tolist() == [count[0], 0, count[2]]
+        assert phase.count[0].tolist() == [count[0], 0, count[2]]
         for i in range(2):
             kept_rows = before[i][[0, 2]]
             after = phase.scores(i)  # the old occupant of slot 1 first, then the 3 slots
@@ -155,18 +156,17 @@ def test_entering_prompts_leave_the_open_phase_alone():
             assert not after[2].any()  # the new occupant starts from zero
 
 
-def test_replace_sets_the_old_occupant_aside_like_a_row_that_left():
-    phase = PhaseScores(1)
-    phase.replace(torch.tensor([0]))  # nothing observed yet: no-op
-    assert phase.count is None
-    z, valid = torch.rand(3, 4, 8), torch.ones(3, 4, dtype=torch.bool)
-    phase.count_tokens(valid)
-    phase.add(0, z, valid)
-    gathered = PhaseScores(1)
-    gathered.count_tokens(valid)
-    gathered.add(0, z, valid)
-    phase.replace(torch.tensor([1]))
-    gathered.gather(torch.tensor([0, 2]))
+def test_entering_sets_the_old_occupant_aside_like_a_row_that_left():
+    phase = PhaseScores(1, 3)
+    phase.follow(RowsEntered(torch.tensor([0])))  # nothing observed yet: no-op
+    assert not phase.observed
+    z = torch.rand(12, 8)  # 3 rows of 4 tokens, flat
+    tokens = Tokens(torch.arange(3).repeat_interleave(4), torch.ones(12, dtype=torch.bool))
+    phase.add(0, z, tokens)
+    gathered = PhaseScores(1, 3)
+    gathered.add(0, z, tokens)
+    phase.follow(RowsEntered(torch.tensor([1])))
+    gathered.follow(RowsGathered(torch.tensor([0, 2])))
     torch.testing.assert_close(phase.scores(0)[[0, 1, 3]], gathered.scores(0))
     assert phase.rows.tolist() == [True, True, False, True]
 
@@ -180,7 +180,7 @@ def run_static(method, steps: int = 24) -> list:
 
 def test_default_memory_is_the_running_max_of_the_phase_scores():
     """Static batch, paper defaults: m after each phase is the max of every s̄ so far."""
-    absorbed = run_static(Logged(0.5, t_init=2, t_explore=2, t_prune=2))
+    absorbed = run_static(logged(t_init=2, t_explore=2, t_prune=2))
     assert len(absorbed) >= 5
     running = absorbed[0][1]
     for _, score, after in absorbed:
@@ -189,7 +189,7 @@ def test_default_memory_is_the_running_max_of_the_phase_scores():
 
 
 def test_decay_fades_the_old_memory():
-    absorbed = run_static(Logged(0.5, t_init=2, t_explore=2, t_prune=2, memory_policy="decay",
+    absorbed = run_static(logged(t_init=2, t_explore=2, t_prune=2, memory_policy="decay",
                                  memory_decay=0.5))  # fmt: skip
     for before, score, after in absorbed[1:]:
         expected = [torch.maximum(0.5 * b, s) for b, s in zip(before, score)]
@@ -202,7 +202,7 @@ def test_decay_fades_the_old_memory():
 
 
 def test_window_remembers_the_last_phases_only():
-    absorbed = run_static(Logged(0.5, t_init=2, t_explore=2, t_prune=2, memory_policy="window",
+    absorbed = run_static(logged(t_init=2, t_explore=2, t_prune=2, memory_policy="window",
                                  memory_window=2))  # fmt: skip
     scores = [score for _, score, _ in absorbed]
     forgot = False
@@ -216,7 +216,7 @@ def test_window_remembers_the_last_phases_only():
 
 
 def test_reset_clears_once_every_original_row_has_left_not_before():
-    method = Logged(0.5, t_init=2, t_explore=2, t_prune=2, memory_policy="reset")
+    method = logged(t_init=2, t_explore=2, t_prune=2, memory_policy="reset")
     with Stream(method) as s:
         s.decode(3)  # a mask is in force from step 2
         s.leave(2)  # slot 2 stays empty from now on
@@ -242,7 +242,7 @@ def test_reset_never_fires_in_a_static_batch():
     """Rows finishing or compacted away in a static batch are not a renewed batch."""
 
     def memories(policy):
-        method = Logged(0.5, t_init=2, t_explore=2, t_prune=2, memory_policy=policy)
+        method = logged(t_init=2, t_explore=2, t_prune=2, memory_policy=policy)
         torch.manual_seed(1)
         with Stream(method) as s:
             s.decode(5)
@@ -260,7 +260,7 @@ def test_reset_never_fires_in_a_static_batch():
 
 # -- on_enter -------------------------------------------------------------------------------------
 def test_on_enter_prompt_refreshes_a_mask_in_force_at_once():
-    method = Logged(0.5, t_init=2, t_explore=2, t_prune=4)
+    method = logged(t_init=2, t_explore=2, t_prune=4)
     with Stream(method) as s:
         s.decode(3)  # step 2: the first mask
         old = kept(method)
@@ -276,7 +276,7 @@ def test_on_enter_prompt_refreshes_a_mask_in_force_at_once():
 
 
 def test_on_enter_prompt_in_the_initial_window_carries_into_the_first_mask():
-    method = Logged(0.5, t_init=4, t_explore=2, t_prune=4)
+    method = logged(t_init=4, t_explore=2, t_prune=4)
     with Stream(method) as s:
         s.decode(2)
         s.leave(0)
@@ -291,7 +291,8 @@ def test_on_enter_prompt_in_the_initial_window_carries_into_the_first_mask():
 
 def test_on_enter_explore_restarts_the_schedule_from_the_entry():
     t_init, t_explore, t_prune = 3, 2, 4
-    method = BWAP(0.5, t_init=t_init, t_explore=t_explore, t_prune=t_prune, on_enter="explore")
+    method = method_from_conf("ours", sparsity=0.5, t_init=t_init, t_explore=t_explore,
+                              t_prune=t_prune, on_enter="explore")  # fmt: skip
     with Stream(method) as s:
         s.decode(5)  # steps 3, 4 sparse
         s.leave(1)
@@ -305,13 +306,13 @@ def test_on_enter_explore_restarts_the_schedule_from_the_entry():
 
 
 def test_on_enter_explore_observes_its_window_and_masks_from_it():
-    method = Logged(0.5, t_init=2, t_explore=2, t_prune=4, on_enter="explore")
+    method = logged(t_init=2, t_explore=2, t_prune=4, on_enter="explore")
     with Stream(method) as s:
         s.decode(3)
         s.leave(0)
         s.enter(0)
         s.decode(1)
-        assert method.phase is not None and method.phase.count.tolist() == [1, 1, 1]
+        assert method.phase is not None and method.phase.count[0].tolist() == [1, 1, 1]
         s.decode(2)  # the window of 2 ends: absorbed, then the mask
     _, _, after = method.absorbed[-1]
     assert masked_from(method, after)
@@ -324,7 +325,7 @@ def test_griffin_reselects_from_the_prompts_of_the_rows_in_the_batch():
     handle = model.model.layers[0].mlp.down_proj.register_forward_pre_hook(
         lambda m, a: prompts.append(a[0].detach()) if a[0].shape[1] > 1 else None
     )
-    method = Griffin(0.5)
+    method = method_from_conf("griffin", sparsity=0.5)
     try:
         with Stream(method) as s:
             s.decode(2)
@@ -339,7 +340,7 @@ def test_griffin_reselects_from_the_prompts_of_the_rows_in_the_batch():
 
     rows = torch.stack([score(entered)[0], score(first)[2]])
     expected = topk_index(rows.mean(dim=0), method.k[0])
-    assert torch.equal(method.sliced[0].index, expected)
+    assert torch.equal(method.kept[0], expected)
     with_left = torch.cat([score(first)[:1], rows]).mean(dim=0)
     assert not torch.equal(topk_index(with_left, method.k[0]), expected)
 
@@ -363,4 +364,4 @@ def test_griffin_reselects_from_the_prompts_of_the_rows_in_the_batch():
 )
 def test_bad_stream_arguments(kw, message):
     with pytest.raises(UserError, match=message):
-        BWAP(0.5, **kw)
+        method_from_conf("ours", sparsity=0.5, **kw)

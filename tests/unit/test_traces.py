@@ -5,25 +5,23 @@ import torch
 
 from bwprune.engine.realized import combine
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
-from bwprune.methods.base import PruningMethod
-from bwprune.methods.ours import BWAP
 from bwprune.models.adapters import adapter_for
 from bwprune.report import figures
 from bwprune.traces import StepTrace, activation_trace, refire_stats, sparsity_trace
-from tests.conftest import PROMPTS, chat, tiny_model
+from tests.conftest import PROMPTS, chat, method_from_conf, prepared, tiny_model
 
 
 def traced(method, new_tokens=30):
     model, tok = tiny_model("tiny_llama")
     adapter = adapter_for(model)
-    method.prepare(model, adapter, tok)
+    prepared(method, model, tok)
     ledger = StepTrace(adapter, torch.device("cpu"))
     sampling = SamplingConfig(new_tokens, ignore_eos=True)
     return BatchedRunner(model, tok, method, adapter, sampling, ledger=ledger), adapter, tok
 
 
 def test_step_trace_follows_the_schedule_and_sums_to_the_ledger():
-    method = BWAP(sparsity=0.5, t_init=8, t_explore=4, t_prune=16)
+    method = method_from_conf("ours", sparsity=0.5, t_init=8, t_explore=4, t_prune=16)
     runner, adapter, tok = traced(method)
     steps = sparsity_trace(runner, adapter, chat(tok, PROMPTS))
     assert len(steps) == 29  # the first new token comes from prefill
@@ -34,7 +32,7 @@ def test_step_trace_follows_the_schedule_and_sums_to_the_ledger():
 
 
 def test_activation_trace_is_one_row_per_decode_step():
-    runner, adapter, tok = traced(PruningMethod(), new_tokens=12)
+    runner, adapter, tok = traced(method_from_conf("dense"), new_tokens=12)
     trace = activation_trace(runner, adapter, chat(tok, PROMPTS[:1])[0], layer=1)
     assert trace.shape == (11, adapter.ffn(1).d_ff) and (trace >= 0).all()
 

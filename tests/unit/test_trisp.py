@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from baselines.dense import Dense
 from baselines.trisp import TriSP, load_pruned, save_pruned
 from baselines.trisp.calibrate import collect_statistics, next_token_loss
 from baselines.trisp.prune import prune_layer, record_structure
@@ -22,7 +21,16 @@ from bwprune.errors import UserError
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.models.adapters import adapter_for
 from bwprune.records import method_name
-from tests.conftest import PROMPTS, TINY_MODELS, chat, compose_cfg, reported, tiny_model
+from tests.conftest import (
+    PROMPTS,
+    TINY_MODELS,
+    chat,
+    compose_cfg,
+    method_from_conf,
+    prepared,
+    reported,
+    tiny_model,
+)
 
 VALID = Path(__file__).resolve().parents[2] / "bwprune" / "data" / "wikitext2" / "valid.txt"
 
@@ -210,11 +218,11 @@ def test_gqa_rule_removes_whole_kv_groups_and_generation_runs(setup):
     prompts = chat(tok, PROMPTS)
     pruned_none, plan_none = prune_copy(model, stats, 0.5)
     ours, _ = BatchedRunner(
-        pruned_none, tok, Dense(), adapter_for(pruned_none), SamplingConfig(8)
+        pruned_none, tok, method_from_conf("dense"), adapter_for(pruned_none), SamplingConfig(8)
     ).generate(prompts)
     masked = zeroed_copy(model, plan_none)
     theirs, _ = BatchedRunner(
-        masked, tok, Dense(), adapter_for(masked), SamplingConfig(8)
+        masked, tok, method_from_conf("dense"), adapter_for(masked), SamplingConfig(8)
     ).generate(prompts)
     assert [c.token_ids for c in ours] == [c.token_ids for c in theirs]
 
@@ -238,17 +246,18 @@ def test_method_prepares_and_reports_realized_sparsity(setup, text_file, tmp_pat
     d_ff = torch.tensor([f.d_ff for f in adapter.ffns()], dtype=torch.float64)
     before = adapter.num_params()
     ledger = SparsityLedger(adapter, torch.device("cpu"))  # the model as loaded
-    method = TriSP(0.4, calib(text_file, cache_dir=str(tmp_path)), recovery="bias")
-    assert reported(method, ledger)["sparse_steps"] == 0  # nothing removed before `prepare`
-    method.prepare(pruned, adapter, tok)
-    row = reported(method, ledger)
+    cal = calib(text_file, cache_dir=str(tmp_path))
+    method = method_from_conf("trisp", sparsity=0.4, calibration=cal, recovery="bias")
+    assert reported(method, pruned, ledger)["sparse_steps"] == 0  # nothing removed yet
+    prepared(method, pruned, tok)
+    row = reported(method, pruned, ledger)
     kept = torch.tensor([f.d_ff for f in adapter.ffns()], dtype=torch.float64)
     assert row["per_layer"] == pytest.approx((1 - kept / d_ff).tolist(), abs=1e-6)
     assert row["params"] * before == pytest.approx(before - adapter.num_params())
     assert before > adapter.num_params()
     assert list((tmp_path / "calibration" / "trisp").rglob("artifact.pt"))  # cached statistics
     again = copy.deepcopy(model)
-    TriSP(0.4, calib(text_file, cache_dir=str(tmp_path))).prepare(again, adapter_for(again), tok)
+    prepared(method_from_conf("trisp", sparsity=0.4, calibration=cal), again, tok)
     torch.testing.assert_close(logits(again, IDS), logits(pruned, IDS), atol=0, rtol=0)
 
 
@@ -299,7 +308,10 @@ def test_the_method_plans_with_its_attn_square(setup, text_file, monkeypatch):
     monkeypatch.setattr(method_module, "plan_pruning", spy)
     for square in (True, False):
         pruned = copy.deepcopy(model)
-        TriSP(0.3, calib(text_file), attn_square=square).prepare(pruned, adapter_for(pruned), tok)
+        method = method_from_conf(
+            "trisp", sparsity=0.3, calibration=calib(text_file), attn_square=square
+        )
+        prepared(method, pruned, tok)
     assert seen == [True, False]
 
 
@@ -318,7 +330,7 @@ def test_the_method_plans_with_its_attn_square(setup, text_file, monkeypatch):
 def test_bad_arguments_name_value_and_choices(kwargs, match):
     args = {"sparsity": 0.2, "calibration": calib("x"), **kwargs}
     with pytest.raises(UserError, match=match):
-        TriSP(**args)
+        method_from_conf("trisp", **args)
 
 
 def test_config_composes_and_instantiates():
