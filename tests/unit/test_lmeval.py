@@ -23,9 +23,9 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 
 from bwprune.errors import UserError  # noqa: E402
 from bwprune.experiment import run  # noqa: E402
+from bwprune.generation.prompts import left_pad  # noqa: E402
 from bwprune.generation.runner import SamplingConfig  # noqa: E402
 from bwprune.lmeval import BWPruneLM  # noqa: E402
-from bwprune.lmeval.model import left_pad  # noqa: E402
 from bwprune.records import RunRecorder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
