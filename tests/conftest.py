@@ -105,3 +105,9 @@ def reported(method, ledger) -> dict:
     driver.start(1)
     driver.decode(0, torch.zeros(1, dtype=torch.bool), lambda _: None)
     return driver.rows()[0]
+
+
+def kv_addresses(cache) -> list[int]:
+    """Addresses of a static `SlotCache`'s key/value tensors: the same list step after step means
+    nothing was reallocated."""
+    return [t.data_ptr() for layer in cache.cache.layers for t in (layer.keys, layer.values)]

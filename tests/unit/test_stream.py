@@ -29,7 +29,7 @@ from bwprune.records import RunRecorder, run_key
 from bwprune.report.speed_table import stream_line
 from bwprune.report.stream import static_runs, stream_pairs
 from bwprune.speed import measure_streaming, stream_lengths
-from tests.conftest import chat, tiny_model
+from tests.conftest import chat, kv_addresses, tiny_model
 
 CAP = 30
 TEXTS = [f"Q{i} " + "ab " * (i * 3 % 5) for i in range(20)]
@@ -173,7 +173,7 @@ def test_a_stream_reuses_one_cache():
     runner, _, ids = setup(tiny_model("tiny_llama"), Dense(), cap=CAP)
     seen: set[tuple[int, ...]] = set()
     step = runner.step
-    runner.step = lambda cache, *a: (seen.add(tuple(cache.data_ptrs())), step(cache, *a))[1]
+    runner.step = lambda cache, *a: (seen.add(tuple(kv_addresses(cache))), step(cache, *a))[1]
     runner.engine = EngineConfig(compaction=False)
     _, _, _, stream = streamed(runner, 3, ids, references(len(ids)))
     assert stream.rebases >= 1 and len(seen) == 1
