@@ -14,7 +14,6 @@ from bwprune.records import RunRecorder, run_key
 from bwprune.rescore import rescore
 from tests.conftest import interrupt_generation
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny_llama", "limit=6", "batch_size=4"]
 
 

@@ -1,7 +1,5 @@
 """Tables and figures build from a results tree of real (tiny-model) runs."""
 
-from pathlib import Path
-
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
@@ -19,8 +17,6 @@ from bwprune.report.tables import (
     write_tables,
 )
 from tests.conftest import CONF_DIR, compose_cfg
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_load_runs_pairs_methods_with_dense(results_tree):
