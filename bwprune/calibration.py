@@ -19,7 +19,6 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from bwprune.errors import UserError
-from bwprune.hooks import HookSet
 
 log = logging.getLogger(__name__)
 
@@ -80,20 +79,3 @@ def cached_tensors(
     torch.save({k: v.detach().cpu() for k, v in tensors.items()}, tmp)
     tmp.replace(path)
     return tensors
-
-
-@torch.no_grad()
-def run_calibration(
-    model: torch.nn.Module,
-    windows: torch.Tensor,
-    pre_hooks: dict[torch.nn.Module, Callable],
-    batch_size: int = 4,
-) -> None:
-    """Dense forwards over calibration windows with `pre_hooks` (module -> fn(module, args))
-    installed; the hooks accumulate whatever statistics the method needs, and are removed after."""
-    device = next(model.parameters()).device
-    with HookSet() as hooks:
-        for module, fn in pre_hooks.items():
-            hooks.forward_pre(module, fn)
-        for i in range(0, len(windows), batch_size):
-            model(input_ids=windows[i : i + batch_size].to(device), use_cache=False)

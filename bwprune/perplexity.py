@@ -1,7 +1,7 @@
 """Perplexity of a model under a pruning method, over the windows of a `kind = "perplexity"`
 benchmark (`bwprune.benchmarks.wikitext2`).
 
-Every batch of windows is one scoring forward of `bwprune.engine.protocol.MethodDriver`: the
+Every batch of windows is one scoring forward (`bwprune.generation.scoring_forward`): the
 method sees it exactly as it sees the runner's prefill (attached around the whole evaluation, a
 new batch per batch of windows, a PREFILL step whose tokens are all valid: windows are unpadded).
 A method therefore acts here as it acts on a prompt: static methods (dense, Wanda, TriSP) fully;
@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +30,7 @@ from bwprune.engine.ledger import SparsityLedger
 from bwprune.engine.protocol import MethodDriver
 from bwprune.engine.realized import combine
 from bwprune.errors import UserError
+from bwprune.generation.scoring_forward import score_forward
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import ModelAdapter
 
@@ -90,18 +90,11 @@ def evaluate_perplexity(
     with driver.attached():
         for batch in _batches(windows, batch_size):
             x = torch.stack([ids[w.begin : w.end] for w in batch]).to(device)
-            b, t = x.shape
-            driver.start(b)
-            positions = torch.arange(t, device=device).expand(b, t)
-            valid = torch.ones(b, t, dtype=torch.bool, device=device)
-            logits = driver.score(valid, partial(
-                model, input_ids=x, attention_mask=valid.long(), position_ids=positions,
-                use_cache=False,
-            )).logits  # fmt: skip
+            logits, ledger_rows = score_forward(driver, model, x, torch.ones_like(x))
             nll, n = _scored_nll(logits, x, batch)
             total += nll
             n_tokens += n
-            rows += driver.rows()
+            rows += ledger_rows
     eval_s = time.perf_counter() - start
     mean_nll = float(total) / n_tokens
     metrics = {

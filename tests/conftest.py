@@ -125,3 +125,18 @@ def reported(method, model, ledger) -> dict:
     driver.start(1)
     driver.decode(0, torch.zeros(1, dtype=torch.bool), lambda _: None)
     return driver.rows()[0]
+
+
+def kv_addresses(cache) -> list[int]:
+    """Addresses of a static `SlotCache`'s key/value tensors: the same list step after step means
+    nothing was reallocated."""
+    return [t.data_ptr() for layer in cache.cache.layers for t in (layer.keys, layer.values)]
+
+
+@pytest.fixture(scope="session")
+def results_tree(tmp_path_factory):
+    """(runs_dir, run keys) of the tiny results tree (`tests.results_tree`), with a speed record
+    beside runs/; built once per session, read only."""
+    from tests.results_tree import build_results_tree  # it composes configs with this module
+
+    return build_results_tree(tmp_path_factory.mktemp("results"))

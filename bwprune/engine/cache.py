@@ -121,10 +121,6 @@ class SlotCache:
             layer.cumulative_length.sub_(shift)
         self.used = n
 
-    def data_ptrs(self) -> list[int]:
-        """Addresses of the static key/value tensors (tests: nothing is reallocated)."""
-        return [t.data_ptr() for layer in self.cache.layers for t in (layer.keys, layer.values)]
-
 
 class CachePool:
     """One `SlotCache` per (rows, bucketed length), reused across batches."""

@@ -1,7 +1,11 @@
-"""Turning a benchmark question into the model's prompt text, through its chat template."""
+"""Turning a benchmark question into the model's prompt text, through its chat template, and
+prompt token rows into the left-padded batch every forward of this project takes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
@@ -44,3 +48,28 @@ def render_messages(
         continue_final_message=not add_generation_prompt,
         **kwargs,
     )
+
+
+def left_pad(
+    rows: Sequence[Sequence[int] | torch.Tensor],
+    pad_id: int,
+    device: torch.device | str | None = None,
+    width: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, width) ids and attention mask of token `rows`, each right-aligned after `pad_id`s.
+
+    Left padding is the layout of the runner's prefill: every row's next token goes in the same
+    column, and a row's positions count from its first real token. `width` defaults to the
+    longest row; a continuous batch passes the longest prompt of its whole work, so that rows
+    entering later fit the same columns.
+    """
+    longest = max(map(len, rows), default=0)
+    width = longest if width is None else width
+    if width < longest:
+        raise ValueError(f"a row of {longest} tokens does not fit width {width}")
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
+    attn = torch.zeros_like(ids)
+    for b, row in enumerate(rows):
+        ids[b, width - len(row) :] = torch.as_tensor(row, dtype=torch.long, device=device)
+        attn[b, width - len(row) :] = 1
+    return ids, attn

@@ -30,6 +30,7 @@ import torch
 from bwprune.engine.cache import SlotCache
 from bwprune.engine.rows import bucket
 from bwprune.errors import UserError
+from bwprune.generation.prompts import left_pad
 from bwprune.generation.runner import BatchedRunner, BatchTiming, Completion, Forcing
 from bwprune.generation.timing import StepTimer
 
@@ -212,7 +213,7 @@ class StreamRunner:
         """`prompts` left-padded to `width`, prefilled into `cache` through the driver call
         `through(valid, forward)` -> (n, V) last logits and (n, 1) last positions."""
         r = self.runner
-        ids, attn = _left_padded(prompts, width, r.pad_id, r.device)
+        ids, attn = left_pad(prompts, r.pad_id, r.device, width)
         positions = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: real tokens start at 0
         logits = through(attn.bool(), partial(
             r.prefill_logits, cache, input_ids=ids, attention_mask=cache.start(attn),
@@ -322,16 +323,6 @@ class StreamRunner:
 
 def _observe_one(observe: Observer, item: torch.Tensor, index: int, logits) -> None:
     observe(item, torch.tensor([index], device=item.device), logits)
-
-
-def _left_padded(prompts, width: int, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """1-D prompts -> (n, width) left-padded ids and attention mask."""
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
-    attn = torch.zeros_like(ids)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = prompt.to(device)
-        attn[row, width - len(prompt) :] = 1
-    return ids, attn
 
 
 def _references(forced: Sequence[torch.Tensor], device, pad_id: int):

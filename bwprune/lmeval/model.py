@@ -6,13 +6,14 @@
   `batch_size` are cut, so a batch-shared mask is shared by requests of similar length (run.py
   batches in file order); results come back in request order. lm-eval's `until` stops a row
   (it counts as finished for the method and the ledger) and is cut from the text.
-- `loglikelihood` / `loglikelihood_rolling` run one scoring forward per batch of requests through
-  the same `MethodDriver`, which the method sees as a prompt prefill (a new batch, then one
-  PREFILL step whose `valid` marks the real tokens). There is no decode phase, so each method
-  acts as on a prompt (with the methods' defaults): `dense`, `ours` (prefill only scores
-  the prompt) and `griffin` (the prompt pass picks the experts for decode) score with the dense
-  model; `teal` thresholds the last half of each request's tokens per token (`prefill_fraction`
-  0.5), `cats` all of them; `wanda` and `trisp` prune weights in `prepare`, so they apply in full.
+- `loglikelihood` / `loglikelihood_rolling` run one scoring forward per batch of requests
+  (`bwprune.generation.scoring_forward`, as perplexity does) through the same `MethodDriver`,
+  which the method sees as a prompt prefill (a new batch, then one PREFILL step whose `valid`
+  marks the real tokens). There is no decode phase, so each method acts as on a prompt (with the
+  methods' defaults): `dense`, `ours` (prefill only scores the prompt) and `griffin` (the
+  prompt pass picks the experts for decode) score with the dense model; `teal` thresholds the
+  last half of each request's tokens per token (`prefill_fraction` 0.5), `cats` all of them;
+  `wanda` and `trisp` prune weights in `prepare`, so they apply in full.
 
 Results: `get_model_info` adds `config.bwprune` to lm-eval's results: the resolved config, the
 realized sparsity of `generate_until` (its decode steps) and, apart, of the scoring forwards
@@ -43,8 +44,9 @@ from bwprune.config import build_method
 from bwprune.engine.protocol import MethodDriver
 from bwprune.engine.realized import combine
 from bwprune.errors import UserError
-from bwprune.generation.prompts import render_messages
+from bwprune.generation.prompts import left_pad, render_messages
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
+from bwprune.generation.scoring_forward import score_forward
 from bwprune.lmeval.compose import compose_from_model_args
 from bwprune.prepared import prepare_model
 from bwprune.provenance import provenance
@@ -56,17 +58,6 @@ GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature", "top_p")
 
 # (request key for lm-eval's cache, context ids, continuation ids), as `TemplateLM` builds them
 TokenRequest = tuple[Any, list[int], list[int]]
-
-
-def left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple:
-    """(B, T) ids and attention mask, padded on the left as the runner's prefill expects."""
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(rows), width), dtype=torch.long)
-    for b, row in enumerate(rows):
-        ids[b, width - len(row) :] = torch.tensor(row, dtype=torch.long)
-        attn[b, width - len(row) :] = 1
-    return ids.to(device), attn.to(device)
 
 
 @register_model("bwprune")
@@ -235,17 +226,12 @@ class BWPruneLM(TemplateLM):
 
     @torch.inference_mode()
     def _score_batch(self, chunk: list[TokenRequest], kind: str) -> list[tuple[float, bool]]:
-        """One forward over the batch, seen by the method as a prefill of its real tokens."""
-        p = self.prepared
+        """One scoring forward over the batch, seen by the method as a prefill of its tokens."""
         rows = [(ctx + cont)[-(self.max_length + 1) :][:-1] for _, ctx, cont in chunk]
         ids, attn = left_pad(rows, self.tokenizer.pad_token_id, self._device)
         keep = max(len(cont) for _, _, cont in chunk)  # rows end together: predictors are last
-        self._scoring.start(len(rows))
-        logits = self._scoring.score(attn.bool(), lambda: p.model(
-            input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
-            use_cache=False, logits_to_keep=keep,
-        ).logits)  # fmt: skip
-        self._scoring_sparsity += self._scoring.rows()
+        logits, ledger_rows = score_forward(self._scoring, self.prepared.model, ids, attn, keep)
+        self._scoring_sparsity += ledger_rows
         self._forwards[kind] += len(rows)
         answers = []
         for (key, _, cont), row in zip(chunk, F.log_softmax(logits.float(), dim=-1)):

@@ -26,6 +26,7 @@ import torch
 from bwprune.config import build_method
 from bwprune.engine.ledger import SparsityLedger
 from bwprune.engine.protocol import MethodDriver
+from bwprune.generation.prompts import left_pad
 from bwprune.generation.runner import BatchedRunner, EngineConfig, Forcing, SamplingConfig
 from bwprune.generation.stream import StreamRunner
 from bwprune.methods.neuron_set import NeuronSetMethod
@@ -77,12 +78,8 @@ class Setup:
         (defaults: the tokenizer's pad); `inside` is entered with the method attached;
         `engine` runs it.
         Returns (steps, B, V) logits and the ledger rows."""
-        width = max(map(len, rows))
         pad_id = self.tok.pad_token_id
-        ids = torch.full((len(rows), width), pad_id if pad is None else pad)
-        attn = torch.zeros(len(rows), width, dtype=torch.long)
-        for b, r in enumerate(rows):
-            ids[b, width - len(r) :], attn[b, width - len(r) :] = torch.tensor(r), 1
+        ids, attn = left_pad(rows, pad_id if pad is None else pad)
         forced = Forcing(torch.stack([continuation(r) for r in rows]), torch.tensor(lengths))
         runner = self.runner = BatchedRunner(
             self.model, self.tok, self.method, self.adapter, SamplingConfig(STEPS),

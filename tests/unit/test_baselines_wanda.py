@@ -8,10 +8,12 @@ import torch
 from omegaconf import OmegaConf
 
 from baselines.wanda import Wanda, parse_pattern, wanda_mask
-from bwprune.calibration import calibration_windows, run_calibration
+from bwprune.calibration import calibration_windows
 from bwprune.config import package_data_dir
 from bwprune.engine.ledger import SparsityLedger
 from bwprune.errors import UserError
+from bwprune.hooks import HookSet
+from bwprune.methods.calibrated import LayerStream
 from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
 from tests.conftest import CONF_DIR, method_from_conf, prepared, reported
@@ -93,6 +95,7 @@ def test_later_layers_are_calibrated_on_pruned_outputs(cal):
     prepared(method, model, tok)
 
     dense_model, _ = fresh_model()
+    adapter = adapter_for(dense_model)
     dense = {0: 0.0, 1: 0.0}
 
     def add(layer):
@@ -101,10 +104,12 @@ def test_later_layers_are_calibrated_on_pruned_outputs(cal):
 
         return hook
 
-    windows = calibration_windows(tok, cal["text_file"], 4, 64, 0)
-    run_calibration(
-        dense_model, windows, {adapter_for(dense_model).attn(i).q: add(i) for i in (0, 1)}
-    )
+    # Dense statistics through the calibration path methods use, with nothing pruned in between.
+    stream = LayerStream(dense_model, adapter, calibration_windows(tok, cal["text_file"], 4, 64, 0))
+    with HookSet() as hooks:
+        for i in (0, 1):
+            hooks.forward_pre(adapter.attn(i).q, add(i))
+            stream.advance(i)
     torch.testing.assert_close(norms["0.q"], dense[0])
     assert not torch.allclose(norms["1.q"], dense[1], rtol=1e-3)
 

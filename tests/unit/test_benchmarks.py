@@ -5,7 +5,6 @@ import hashlib
 import json
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from bwprune.benchmarks.gpqa import GPQA
@@ -13,7 +12,6 @@ from bwprune.config import build
 from bwprune.errors import UserError
 from bwprune.experiment import run
 from bwprune.records import RunRecorder
-from bwprune.report.averages import PAPER_BENCHMARKS, benchmark_average
 from bwprune.rescore import rescore
 from bwprune.selection import select_examples, work_items
 from bwprune.summary import summarize
@@ -228,25 +226,3 @@ def test_gpqa_run_and_rescore_with_an_open_think_block(cfg_factory):
     (folder / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in rows))
     m = rescore(folder)["metrics"]
     assert (m["correct"], m["unscorable_reasons"]) == (1, {"unfinished_think": 1})
-
-
-# --- cross-benchmark average ------------------------------------------------------------------
-
-
-def _runs(accuracies: dict[str, float], method: str = "dense") -> list[dict]:
-    config = {"model": "m", "method": method, "target_sparsity": 0.0, "batch_size": 4, "seed": 0}
-    return [
-        {**config, "benchmark": b, "accuracy": a, "run_key": f"{b}/{method}"}
-        for b, a in accuracies.items()
-    ]
-
-
-def test_cross_benchmark_average_needs_every_benchmark():
-    full = dict(zip(PAPER_BENCHMARKS, [0.9, 0.5, 0.2, 0.3, 0.1]))
-    runs = pd.DataFrame(_runs(full) + _runs({"gsm8k": 0.8}, method="ours"))
-    table = benchmark_average(runs).set_index("method")
-    assert table.loc["dense", "average"] == pytest.approx(0.4)
-    assert table.loc["dense", "gpqa_diamond"] == 0.1
-    assert pd.isna(table.loc["ours", "average"])  # a gap, not a mean over fewer benchmarks
-    with pytest.raises(ValueError, match="several runs"):
-        benchmark_average(pd.DataFrame(_runs(full) + _runs({"gsm8k": 0.7})))

@@ -17,7 +17,7 @@ from bwprune.generation.runner import BatchedRunner, EngineConfig, Forcing, Samp
 from bwprune.methods.base import PruningMethod
 from bwprune.methods.thresholds import SiteCost
 from bwprune.models.adapters import adapter_for
-from tests.conftest import PROMPTS, chat, method_from_conf, prepared, tiny_model
+from tests.conftest import PROMPTS, chat, kv_addresses, method_from_conf, prepared, tiny_model
 
 REFERENCE = EngineConfig(kv_cache="dynamic", compaction=False)
 N = 30  # ours below: t_init 2, then periods of 3 sparse + 2 dense steps
@@ -87,7 +87,7 @@ def test_a_decode_step_allocates_no_cache_and_batches_reuse_it():
     runner = BatchedRunner(model, tok, dense, adapter, SamplingConfig(12, ignore_eos=True))
     seen: list[list[int]] = []
     step = runner.step
-    runner.step = lambda cache, *a: (seen.append(cache.data_ptrs()), step(cache, *a))[1]
+    runner.step = lambda cache, *a: (seen.append(kv_addresses(cache)), step(cache, *a))[1]
     runner.generate(chat(tok, PROMPTS))
     runner.generate(chat(tok, PROMPTS[::-1]))  # same batch size, other prompt lengths
     assert len(seen) == 22 and all(ptrs == seen[0] for ptrs in seen)

@@ -1,11 +1,9 @@
-"""The GPU check (scripts/gpu_check.py) runs on CPU, builds every method as its config does without
-Hydra, and stops starting parts its time budget cannot hold, keeping what it measured."""
+"""The GPU check (scripts/gpu_check.py), in process: it builds every method as its config does
+without Hydra, and stops starting parts its time budget cannot hold. Its runs as a command are
+tests/system/test_gpu_check_script.py."""
 
 import importlib.util
-import json
 import shutil
-import subprocess
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -13,7 +11,6 @@ import pytest
 import yaml
 
 from bwprune.config import build_method
-from bwprune.report.tables import speed_table
 from bwprune.speed import within_budget
 from tests.conftest import compose_cfg
 
@@ -87,58 +84,3 @@ def test_a_method_key_the_check_cannot_resolve_is_refused(tmp_path):
     check = _script()
     with pytest.raises(SystemExit, match="k_rule"):
         check.plain_values({"k_rule": "${oc.env:RULE}"}, tmp_path / "x.yaml")
-
-
-def _run(tmp_path: Path, *flags: str) -> dict:
-    out = tmp_path / "out"
-    command = [sys.executable, str(SCRIPT), "--model", "tiny_llama", "--device", "cpu",
-               "--backend", "eager", "--batch-sizes", "1", "2", "--new-tokens", "10",
-               "--repeats", "1", "--long-tokens", "12", "--long-batch", "2",
-               "--cache-dir", str(tmp_path / "cache"), "--out", str(out), *flags]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True, text=True, cwd=tmp_path)
-    (record,) = out.glob("*.json")
-    return json.loads(record.read_text())
-
-
-@pytest.mark.slow
-def test_the_check_runs_every_part_on_cpu(tmp_path):
-    record = _run(tmp_path)
-    assert [p["name"] for p in record["parts"]] == [
-        "batch 1, eager", "batch 1, compiled", "long: 12 tokens at batch 2",
-        "batch 2, eager", "batch 2, compiled",
-    ]  # fmt: skip
-    assert record["skipped"] == []
-    labels = [{r["method"] for r in part["rows"]} for part in record["parts"]]
-    assert labels[0] == {"dense", "ours", "ours_frozen", "teal"}
-    assert labels[1] == {"dense@compiled", "ours@compiled", "ours_frozen@compiled", "teal@compiled"}
-    assert labels[2] == {"dense", "dense@compiled"}
-    compiled = [part["compiled"] for part in record["parts"]]
-    # dense, the sliced step (ours and ours_frozen share it: same shapes) and TEAL's own
-    assert compiled[0]["graphs"] == 0 and compiled[1]["graphs"] == 3
-    assert all(c["cudagraph_skips"] == 0 for c in compiled)  # none: no CUDA graphs on CPU
-    batch_rows = [r for i in (0, 1, 3, 4) for r in record["parts"][i]["rows"]]
-    assert record["rows"] == batch_rows  # what `make tables` renders, the long part apart
-    assert len(speed_table("gpu", record["rows"]).frame) == len(batch_rows)
-    summary = (tmp_path / "out" / "tiny_llama_random_cpu.md").read_text().split("## Eager vs")[1]
-    assert "| long | dense |" in summary and "| batch 2 | ours_frozen |" in summary
-    teal = next(line for line in summary.splitlines() if line.startswith("| batch 1 | teal |"))
-    eager, compiled = (float(v) for v in teal.split("|")[-2].split(" / "))
-    assert eager > 0.1 and compiled == pytest.approx(eager, abs=0.02)  # the graph accounts too
-
-
-@pytest.mark.slow
-def test_a_spent_budget_skips_every_part_and_says_so(tmp_path):
-    record = _run(tmp_path, "--budget-s", "0")
-    assert record["parts"] == []
-    assert record["skipped"] == [
-        "batch 1, eager", "batch 1, compiled", "long: 12 tokens at batch 2",
-        "batch 2, eager", "batch 2, compiled",
-    ]  # fmt: skip
-
-
-@pytest.mark.slow
-def test_a_failing_part_is_recorded_and_the_next_parts_still_run(tmp_path):
-    record = _run(tmp_path, "--backend", "no_such_backend", "--long-tokens", "0")
-    assert [f["name"] for f in record["failed"]] == ["batch 1, compiled", "batch 2, compiled"]
-    assert "no_such_backend" in record["failed"][0]["error"]
-    assert [p["name"] for p in record["parts"]] == ["batch 1, eager", "batch 2, eager"]

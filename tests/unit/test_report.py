@@ -1,10 +1,5 @@
 """Tables and figures build from a results tree of real (tiny-model) runs."""
 
-import shutil
-import subprocess
-import sys
-from pathlib import Path
-
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
@@ -12,30 +7,20 @@ from omegaconf import OmegaConf
 from bwprune.errors import UserError
 from bwprune.experiment import run
 from bwprune.report.cells import largest_evaluations
-from bwprune.report.collect import _agreement, load_runs, method_variant, report_runs
+from bwprune.report.collect import _agreement, load_runs, method_variant
 from bwprune.report.tables import (
     all_tables,
     batch_table,
     default_runs,
     default_variants,
-    pareto_table,
     speed_table,
     write_tables,
 )
-from bwprune.report.wandb_source import report_config
 from tests.conftest import CONF_DIR, compose_cfg
-from tests.results_tree import build_results_tree
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    return build_results_tree(tmp_path_factory.mktemp("results"))
-
-
-def test_load_runs_pairs_methods_with_dense(results):
-    runs_dir, keys = results
+def test_load_runs_pairs_methods_with_dense(results_tree):
+    runs_dir, keys = results_tree
     runs = load_runs(runs_dir)
     assert sorted(runs["run_key"]) == sorted(keys)
     dense = runs[runs["method"] == "dense"]
@@ -73,8 +58,8 @@ def test_agreement_counts_only_samples_where_either_run_answered():
     assert _agreement(runs, {**predictions, "d": {k: None for k in dense}})[2] is None
 
 
-def test_every_table_lists_its_runs(results, tmp_path):
-    runs_dir, keys = results
+def test_every_table_lists_its_runs(results_tree, tmp_path):
+    runs_dir, keys = results_tree
     runs = load_runs(runs_dir)
     tables = all_tables(runs, default_variants(CONF_DIR, runs))
     assert all(k in tables["runs"].markdown() for k in keys)
@@ -92,8 +77,8 @@ def test_every_table_lists_its_runs(results, tmp_path):
     assert "\\caption{Ablation: t\\_init}" in tables["ablation_t_init"].latex()
 
 
-def test_footnotes_say_how_each_run_s_samples_ended(results):
-    runs = load_runs(results[0])
+def test_footnotes_say_how_each_run_s_samples_ended(results_tree):
+    runs = load_runs(results_tree[0])
     main = all_tables(runs, default_variants(CONF_DIR, runs))["runs"]
     for r in runs.itertuples():  # tiny runs: 2 problems, cut at 24 tokens
         wrong = r.n - r.correct - r.unscorable
@@ -103,8 +88,8 @@ def test_footnotes_say_how_each_run_s_samples_ended(results):
     assert "truncated: cut at the token limit" in main.markdown()
 
 
-def test_a_cell_uses_the_run_with_the_most_problems(results):
-    runs = load_runs(results[0])
+def test_a_cell_uses_the_run_with_the_most_problems(results_tree):
+    runs = load_runs(results_tree[0])
     smaller = runs.iloc[[0]].assign(run_key="small", n=1, problems=1, finished_at="9999")  # newer
     cells = largest_evaluations(pd.concat([smaller, runs], ignore_index=True))
     assert "small" not in set(cells["run_key"]) and len(cells) == len(runs)
@@ -118,10 +103,10 @@ def test_speed_record_becomes_a_table():
     assert "2.00 [1.00, 3.00]" in table.latex()
 
 
-def test_figures_build(results):
+def test_figures_build(results_tree):
     from bwprune.report import figures
 
-    runs = load_runs(results[0])
+    runs = load_runs(results_tree[0])
     for fig in (figures.collapse(runs), figures.accuracy_vs_realized_sparsity(runs),
                 figures.drift(runs)):  # fmt: skip
         assert fig.axes
@@ -188,37 +173,3 @@ def test_quality_settings_must_agree_only_among_runs_that_measured_quality(tmp_p
     run(compose_cfg([*base, "quality.enabled=true", "quality.max_tokens=6"], tmp_path))
     with pytest.raises(UserError, match=r"differ in max_tokens \((4|6) vs"):
         batch_table(load_runs(tmp_path / "runs"), defaults)
-
-
-def test_make_tables_reads_only_the_runs_git_tracks(results, tmp_path):
-    """An ad-hoc run (`make run`, a smoke run) must not enter, or rewrite, committed tables."""
-    runs_dir, keys = results
-    repo_runs = tmp_path / "results" / "runs"
-    for key in keys[:2]:  # the two dense runs
-        shutil.copytree(runs_dir / key, repo_runs / key)
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    subprocess.run(["git", "-C", str(tmp_path), "add", "-f", str(repo_runs / keys[0])], check=True)
-
-    def make_tables(*args: str) -> str:
-        out = subprocess.run(
-            [sys.executable, "scripts/make_tables.py", f"paths.results_dir={tmp_path / 'results'}",
-             *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert out.returncode == 0, out.stderr[-2000:]
-        assert ("left out 1 run(s)" in out.stdout) == (not args)
-        return (tmp_path / "results" / "tables" / "runs.md").read_text()
-
-    committed = make_tables()
-    assert keys[0] in committed and keys[1] not in committed
-    assert keys[1] in make_tables("report.runs=all")
-
-
-def test_committed_tables_rebuild_from_the_committed_runs():
-    """results/tables/*.md are what `make tables` makes of the runs committed under results/."""
-    runs, _ = report_runs(ROOT / "results" / "runs", "committed")
-    defaults = default_variants(CONF_DIR, runs)
-    tables = all_tables(runs, defaults)
-    at = list(report_config(CONF_DIR, []).report.pareto_at)
-    tables["pareto"] = pareto_table(runs, defaults, at)  # as scripts/make_tables.py adds it
-    for stem, table in tables.items():
-        assert table.markdown() == (ROOT / "results" / "tables" / f"{stem}.md").read_text(), stem

@@ -24,7 +24,7 @@ from bwprune.records import RunRecorder, run_key
 from bwprune.report.speed_table import stream_line
 from bwprune.report.stream import static_runs, stream_pairs
 from bwprune.speed import measure_streaming, stream_lengths
-from tests.conftest import chat, method_from_conf, prepared, tiny_model
+from tests.conftest import chat, kv_addresses, method_from_conf, prepared, tiny_model
 from tests.unit.test_engine import methods
 
 CAP = 30
@@ -153,7 +153,7 @@ def test_a_stream_reuses_one_cache():
     runner, _, ids = setup(tiny_model("tiny_llama"), method_from_conf("dense"), cap=CAP)
     seen: set[tuple[int, ...]] = set()
     step = runner.step
-    runner.step = lambda cache, *a: (seen.add(tuple(cache.data_ptrs())), step(cache, *a))[1]
+    runner.step = lambda cache, *a: (seen.add(tuple(kv_addresses(cache))), step(cache, *a))[1]
     runner.engine = EngineConfig(compaction=False)
     _, _, _, stream = streamed(runner, 3, ids, references(len(ids)))
     assert stream.rebases >= 1 and len(seen) == 1

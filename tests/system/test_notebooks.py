@@ -8,16 +8,8 @@ from jupyter_client import AsyncKernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 from nbclient import NotebookClient
 
-from tests.results_tree import build_results_tree
-
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
-
-
-@pytest.fixture(scope="session")
-def results_tree(tmp_path_factory):
-    """(runs_dir, run keys) of the tiny results tree, with a speed record beside runs/."""
-    return build_results_tree(tmp_path_factory.mktemp("results"))
 
 
 def _ids(paths):
