@@ -188,7 +188,7 @@ def test_ctrl_c_says_what_was_kept_and_how_to_resume(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
     last = err.strip().splitlines()[-1]
-    assert re.fullmatch(r"error: interrupted; \d+ batches \(\d+ samples\) are kept in .*; run "
+    assert re.fullmatch(r"error: interrupted; \d+ batch(es)? \(\d+ samples?\) are kept in .*; run "
                         r"the same command again to resume from there", last), last  # fmt: skip
 
 
