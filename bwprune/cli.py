@@ -93,7 +93,7 @@ def interrupted(cfg: DictConfig) -> str:
         return "interrupted before any batch was recorded; nothing was kept"
     samples = sum(len(t["indices"]) for t in batches)
     return (
-        f"interrupted; {plural(len(batches), 'batch')} ({plural(samples, 'sample')}) are kept in "
+        f"interrupted; kept {plural(len(batches), 'batch')} ({plural(samples, 'sample')}) in "
         f"{recorder.dir}; run the same command again to resume from there"
     )
 

