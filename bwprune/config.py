@@ -55,7 +55,9 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"batch_size={cfg.batch_size} must be >= 1")
     if cfg.limit is not None and cfg.limit < 1:
         raise UserError(f"limit={cfg.limit} must be >= 1 (or null for the whole benchmark)")
-    if cfg.num_shards < 1 or not 0 <= cfg.shard < cfg.num_shards:
+    if cfg.num_shards < 1:
+        raise UserError(f"num_shards={cfg.num_shards} must be >= 1 (1: the run unsharded)")
+    if not 0 <= cfg.shard < cfg.num_shards:
         raise UserError(f"shard={cfg.shard} must be in [0, num_shards={cfg.num_shards})")
     gen = cfg.generation
     if gen.max_new_tokens < 1:

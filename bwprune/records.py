@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
@@ -30,6 +31,8 @@ from omegaconf import DictConfig, OmegaConf
 from bwprune.config import package_data_dir
 from bwprune.errors import UserError
 from bwprune.run_lock import hold
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # types only: importing them would pull torch into the report's imports
     from bwprune.benchmarks.base import Example
@@ -179,13 +182,17 @@ class RunRecorder:
         self.dir.mkdir(parents=True, exist_ok=True)
         samples, timings = self.samples(), self.timings()
         have = {self.row_key(s) for s in samples}
-        timings = [t for t in timings if set(batch_keys(t)) <= have]
-        committed = {k for t in timings for k in batch_keys(t)}
+        committed: set = set()
+        for t in timings:  # whole batches, each pair in one only: a repeated pair is redone
+            keys = set(batch_keys(t))
+            if keys <= have and not keys & committed:
+                committed |= keys
+        timings = [t for t in timings if set(batch_keys(t)) <= committed]
         samples = [s for s in samples if self.row_key(s) in committed]
+        for path, rows in ((self.samples_path, samples), (self.timing_path, timings)):
+            if path.exists() and path.read_bytes() != _jsonl(rows).encode():
+                self._replace(path, _jsonl(rows))
         with self._writing():
-            for path, rows in ((self.samples_path, samples), (self.timing_path, timings)):
-                if path.exists():
-                    _write_jsonl(path, rows)
             (self.dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
 
     def cost_search(self) -> dict | None:
@@ -224,9 +231,16 @@ class RunRecorder:
         }
         found = "; ".join(f"{what}: {sorted(keys)[:4]}" for what, keys in faults.items() if keys)
         if found:
-            raise UserError(f"{self.dir} is inconsistent, (problem, sample) pairs {found}; delete "
-                            "the folder and run the config again")  # fmt: skip
+            raise UserError(
+                f"{self.dir} is inconsistent, (problem, sample) pairs {found}; nothing was "
+                "changed. Move its run.json aside and run the same command again: only the "
+                "batches of those pairs are generated again, every other batch is kept"
+            )
         return samples, timings
+
+    def replace_samples(self, samples: list[dict]) -> None:
+        """samples.jsonl rewritten whole (rescoring): the old file stays until the new is."""
+        self._replace(self.samples_path, _jsonl(samples))
 
     def append(self, samples: Iterable[dict], timing: dict) -> None:
         """Write one batch, committed by its timing line (see the class); both are flushed."""
@@ -251,11 +265,18 @@ class RunRecorder:
         return record
 
     def _write_whole(self, path: Path, data: dict) -> None:
-        """JSON written aside and renamed into place: whole or absent."""
-        tmp = path.with_suffix(".json.tmp")
+        self._replace(path, json.dumps(data, indent=2) + "\n")
+
+    def _replace(self, path: Path, text: str) -> None:
+        """`text` written aside and renamed into place: the file is the old one or the new one,
+        whole, even when the disk fills on the way (then the part written aside is removed)."""
+        tmp = path.with_name(path.name + ".tmp")
         with self._writing():
-            tmp.write_text(json.dumps(data, indent=2) + "\n")
-            tmp.replace(path)
+            try:
+                tmp.write_text(text, encoding="utf-8")
+                tmp.replace(path)
+            finally:
+                tmp.unlink(missing_ok=True)
 
     @contextmanager
     def _writing(self) -> Iterator[None]:
@@ -315,12 +336,16 @@ def timing_row(batch: list[tuple[Example, int]], timing: BatchTiming) -> dict:
 
 def _append_jsonl(path: Path, rows: Iterable[dict]) -> None:
     with path.open("a", encoding="utf-8") as f:
-        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        f.write(_jsonl(rows))
         f.flush()
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    path.write_text(_jsonl(rows), encoding="utf-8")
+
+
+def _jsonl(rows: Iterable[dict]) -> str:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
 def _first_of_each(rows: list[dict], key: Callable[[dict], Hashable]) -> list[dict]:
@@ -332,13 +357,38 @@ def _first_of_each(rows: list[dict], key: Callable[[dict], Hashable]) -> list[di
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    """Complete lines only: a line cut short by a crash is dropped (and regenerated on resume)."""
+    """The rows of a JSON-lines file. A last line that does not decode (bytes or JSON) is a write
+    cut short (a crash, a full disk): it is dropped with one log line, and its batch, uncommitted,
+    is generated again on resume. A bad line with rows after it is no torn write: reading stops
+    with the file, the line and what to do, and nothing is changed."""
     if not path.exists():
         return []
+    lines = path.read_bytes().split(b"\n")
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
+    for number, line in enumerate(lines[: last + 1], start=1):
+        row = _decoded(line)
+        if isinstance(row, dict):
+            rows.append(row)
+        elif number == last + 1:
+            log.warning("%s: dropped its last line, cut short by an interrupted write (%d bytes); "
+                        "its batch is generated again on resume", path, len(line))  # fmt: skip
+        elif line.strip():
+            raise UserError(
+                f"{path} line {number} is not a JSON row ({row}), and complete rows follow it, "
+                "so it is no interrupted write; nothing was changed. Repair that line (a "
+                "committed run: `git checkout` the file), or remove it: the batch it belonged to "
+                "is then generated again on resume, every other batch is kept"
+            )
     return rows
+
+
+def _decoded(line: bytes) -> dict | str:
+    """One line's row, or why it is none."""
+    try:
+        row = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "not UTF-8"
+    except json.JSONDecodeError as e:
+        return f"invalid JSON: {e.msg} at column {e.colno}"
+    return row if isinstance(row, dict) else f"a JSON {type(row).__name__}, not an object"

@@ -7,7 +7,6 @@ run's provenance and marking it `rescored`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -32,15 +31,16 @@ def rescore(run_dir: str | Path) -> dict:
     if benchmark.kind != "generate":  # rescoring would overwrite its metrics with empty ones
         raise UserError(f"{str(run_dir)!r} is a {benchmark.kind} run: it has no answers to score")
     recorder = RunRecorder(run_dir.parent, run_dir.name)
+    if not recorder.is_complete():  # a run.json now would mark it complete, and never resumed
+        raise UserError(f"{str(run_dir)!r} is not complete (no run.json); run its command again: "
+                        "it resumes the run and scores it with the current scorers")  # fmt: skip
     samples, _ = recorder.rows()
     for s in samples:
         score = benchmark.score(
             s["completion"], s["gold"], s["finish_reason"], s.get("think_open", False)
         )
         s.update(prediction=score.prediction, correct=score.correct, score_reason=score.reason)
-    tmp = recorder.samples_path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
-    tmp.replace(recorder.samples_path)
+    recorder.replace_samples(samples)
     return resummarize(recorder, cfg, {"rescored": True})
 
 

@@ -4,8 +4,10 @@ Static batches (`generation.batching=static`): samples are on disk after every b
 batch's timing), so an interrupted run loses at most the batch in flight; a resumed run
 regenerates exactly the batches with a missing pair, cut as in the first attempt, because a
 batch-shared mask depends on who else is in the batch. Continuous batching: every sample is on
-disk when it finishes, with a timing line for the time since the previous one; a resumed run
-streams the missing pairs anew (a stream has no batches to cut again).
+disk when it finishes, with a timing line for the time since the previous one. Which rows share a
+forward in a stream depends on every row before, so a resumed stream is replayed from its first
+problem and writes only the samples not on disk: it is the uninterrupted stream, sample for
+sample (rows computed alone, `generation.batch_invariant`, stream only the missing pairs).
 """
 
 from __future__ import annotations
@@ -70,6 +72,10 @@ def generate_missing(
         return str(cfg.model.device)
     if done:
         log.info("resuming %s: %d examples already recorded", recorder.dir, len(done))
+    if done and replays(cfg):
+        log.info("replaying the stream from its first problem (who shares a forward depends on "
+                 "every row before); only the missing samples are written")  # fmt: skip
+        todo = batches
     references: list[DenseReference] = []
     prepared = prepare_model(
         cfg, method, lambda p: references.extend(dense_references(cfg, p, todo))
@@ -83,6 +89,13 @@ def generate_missing(
     return str(runner.device)
 
 
+def replays(cfg: DictConfig) -> bool:
+    """Whether a resumed run generates its recorded work again: a stream, whose rows share their
+    forwards with whoever streams beside them, unless each row is computed alone."""
+    gen = cfg.generation
+    return gen.batching == "continuous" and not gen.get("batch_invariant", False)
+
+
 class Recording:
     """Scores finished work and writes it at once (with its timing line), so an interrupted run
     loses only work in flight; the bar shows accuracy and decode tokens/s so far."""
@@ -93,14 +106,19 @@ class Recording:
         self.decode_s = 0.0
 
     def __call__(self, work, prompts, completions, quality, timing: BatchTiming, bar: tqdm,
-                 paired: dict | None = None) -> None:  # fmt: skip
+                 paired: dict | None = None) -> int:  # fmt: skip
+        """Record the pairs of `work` not on disk yet (a replayed stream hands back recorded
+        ones too); returns how many were recorded."""
+        new = [i for i, (e, k) in enumerate(work) if (e.index, k) not in self.done]
+        if not new:
+            return 0
         rows = []
-        for (e, k), prompt, c, q in zip(work, prompts, completions, quality):
-            if (e.index, k) not in self.done:
-                think_open = prompt_opens_think(prompt)
-                score = self.benchmark.score(c.text, e.gold, c.finish_reason, think_open)
-                rows.append(sample_row(e, k, c, score, think_open, q))
-        batch_timing = timing_row(work, timing)
+        for i in new:
+            (e, k), prompt, c = work[i], prompts[i], completions[i]
+            think_open = prompt_opens_think(prompt)
+            score = self.benchmark.score(c.text, e.gold, c.finish_reason, think_open)
+            rows.append(sample_row(e, k, c, score, think_open, quality[i]))
+        batch_timing = timing_row([work[i] for i in new], timing)
         if paired is not None:
             batch_timing["paired"] = paired
         self.recorder.append(rows, batch_timing)
@@ -111,6 +129,7 @@ class Recording:
         self.decode_s += timing.decode_s
         bar.set_postfix(acc=f"{self.correct / max(self.scored, 1):.3f}",
                         tok_s=f"{self.tokens / max(self.decode_s, 1e-9):.1f}")  # fmt: skip
+        return len(rows)
 
 
 def _static(cfg, prepared: PreparedModel, runner: BatchedRunner, batches, todo, references,
@@ -141,11 +160,14 @@ def _static(cfg, prepared: PreparedModel, runner: BatchedRunner, batches, todo, 
 
 def _stream(cfg, prepared: PreparedModel, runner: BatchedRunner, todo, references,
             record: Recording) -> None:  # fmt: skip
-    """Continuous batching: the missing pairs stream through `batch_size` slots in order; each
-    is recorded as it finishes. With quality on, the dense references are streamed the same way
-    first (teacher-forced), so each sample is written whole."""
+    """Continuous batching: the pairs of `todo` stream through `batch_size` slots in order; each
+    missing one is recorded as it finishes (a replayed stream's recorded ones are skipped, see
+    the module). With quality on, the dense references are streamed the same way first
+    (teacher-forced), so each sample is written whole."""
     tokenizer = prepared.tokenizer
-    work = [(e, k) for batch in todo for e, k in batch if (e.index, k) not in record.done]
+    work = [(e, k) for batch in todo for e, k in batch]
+    if not replays(cfg):  # rows computed alone: only the missing ones need computing
+        work = [(e, k) for e, k in work if (e.index, k) not in record.done]
     prompts = batch_prompts(tokenizer, cfg.model, work)
     ids = [tokenizer(p, return_tensors="pt", add_special_tokens=False).input_ids[0]
            for p in prompts]  # fmt: skip
@@ -156,14 +178,14 @@ def _stream(cfg, prepared: PreparedModel, runner: BatchedRunner, todo, reference
                    for b, (e, k) in enumerate(batch)}  # fmt: skip
         refs = [by_pair[(e.index, k)] for e, k in work]
         quality = stream_quality(stream, ids, refs, bool(cfg.quality.traces))
-    bar = tqdm(total=len(work), desc=record.recorder.key, unit="sample",
+    missing = sum((e.index, k) not in record.done for e, k in work)
+    bar = tqdm(total=missing, desc=record.recorder.key, unit="sample",
                disable=not cfg.progress)  # fmt: skip
     inside = BatchProgress(bar)
 
     def finished(items: list[int], completions, timing: BatchTiming) -> None:
         pick = [work[i] for i in items], [prompts[i] for i in items]
-        record(*pick, completions, [quality[i] for i in items], timing, bar)
-        bar.update(len(items))
+        bar.update(record(*pick, completions, [quality[i] for i in items], timing, bar))
 
     stream.run(ids, finished, progress=inside)
     bar.close()

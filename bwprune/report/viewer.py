@@ -18,6 +18,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
+from bwprune.cli import speedup_line
 from bwprune.errors import UserError
 from bwprune.pairing import PAIRING, matching_dense_runs
 from bwprune.records import RunRecorder, target_sparsity
@@ -28,14 +29,15 @@ log = logging.getLogger(__name__)
 
 TEMPLATE = Path(__file__).with_name("viewer.html")
 DATA_MARK = "/*DATA*/"  # where the template takes the page's JSON
-# Header rows: (label, run.json metric path, format); "%" is a share, "f" a plain number.
+# Header rows: (label, run.json metric path, format); "%" is a share, "f" a plain number. Never
+# tokens/s: two runs' rates depend on the machine and its load when each ran; the run's own
+# paired speedup (measured against dense in one process) is shown instead.
 METRICS = (
     ("accuracy", ("accuracy",), "%"),
     ("unscorable", ("unscorable",), "count"),
     ("mean generated tokens", ("mean_new_tokens",), "f"),
     ("realized sparsity (a) FFN", ("realized_sparsity", "ffn"), "%"),
     ("realized sparsity (c) params", ("realized_sparsity", "params"), "%"),
-    ("decode tokens/s", ("decode_tokens_per_s",), "f"),
     ("KL to dense (nats/token)", ("quality", "kl"), "f"),
     ("NLL increase (nats/token)", ("quality", "nll_increase"), "f"),
 )
@@ -177,6 +179,11 @@ def _header(run: RunFolder, dense: RunFolder) -> dict:
             for k in ("method", "generation", "quality")
             if k in cfg
         },
+        "speedup": (
+            speedup_line(run.metrics["speedup"], run.metrics.get("time_to_answer")).strip()
+            if run.metrics.get("speedup")
+            else None
+        ),
         "metrics": [
             {
                 "label": label,

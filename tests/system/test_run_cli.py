@@ -9,6 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
+from omegaconf import DictConfig, OmegaConf
+
+from bwprune.records import run_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +53,7 @@ def test_ctrl_c_says_what_was_kept_and_how_to_resume(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
     last = err.strip().splitlines()[-1]
-    assert re.fullmatch(r"error: interrupted; \d+ batches \(\d+ samples\) are kept in .*; run "
+    assert re.fullmatch(r"error: interrupted; kept \d+ batch(es)? \(\d+ samples?\) in .*; run "
                         r"the same command again to resume from there", last), last  # fmt: skip
 
 
@@ -63,3 +66,43 @@ def test_multirun_sweep_from_the_command_line(tmp_path):
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert len(list((tmp_path / "runs").glob("**/run.json"))) == 4
+
+
+def _composed_by_run_py(*overrides: str) -> DictConfig:
+    """What run.py composes for `overrides` (Hydra's `--cfg job`: nothing runs)."""
+    out = subprocess.run([sys.executable, "run.py", *overrides, "--cfg", "job", "--resolve"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    return OmegaConf.create(out.stdout)
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["limit=8", "batch_size=4"],  # `make run`
+     ["method=ours", "batch_size=4", "sparsity=0.5", "limit=8"]],  # the README's example
+)  # fmt: skip
+def test_a_fresh_clone_s_first_runs_generate(command):
+    """`make run` once found a committed complete run of its own key, and printed another day's
+    numbers: a person's runs go to a git-ignored folder that no committed record is in."""
+    cfg = _composed_by_run_py(*command)
+    folder = f"{cfg.paths.runs_dir}/{run_key(cfg)}"
+    ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", f"{folder}/run.json"],
+                             cwd=ROOT)  # fmt: skip
+    assert ignored.returncode == 0, f"{folder} is not git-ignored"
+    assert _git("ls-files", "--", cfg.paths.runs_dir) == ""  # nothing committed there
+
+
+def test_an_experiment_finds_its_committed_records():
+    """The command of results/LOG.md that made the main table's GSM8K `ours` run still writes
+    (so finds) it where it is committed."""
+    cfg = _composed_by_run_py(
+        "experiment=main_table", "limit=100", "benchmark=gsm8k", "method=ours",
+        "generation.max_new_tokens=128", "quality.enabled=true", "quality.max_tokens=32",
+        "calibration.num_sequences=8",
+    )  # fmt: skip
+    assert cfg.paths.runs_dir == "results/runs"
+    assert _git("ls-files", "--", f"{cfg.paths.runs_dir}/{run_key(cfg)}/run.json").strip()

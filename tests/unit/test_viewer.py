@@ -132,3 +132,20 @@ def test_view_of_a_real_tiny_run_with_traces(tmp_path):
             start = row["pruned_span"][0]
             assert start == row["dense_span"][0]
             assert row["pruned"]["text"][:start] == row["dense"]["text"][:start]
+
+
+def test_the_header_shows_the_run_s_paired_speedup_never_two_runs_tokens_per_s(hand_made, tmp_path):
+    """Two runs' tokens/s depend on each machine's load when it ran (one config ran at 1.5 and at
+    39.9 tok/s): the page shows the speedup the run measured against dense, paired."""
+    _, pruned = hand_made
+    assert page_json(write_view(pruned, out=tmp_path / "a.html"))["header"]["speedup"] is None
+    record = json.loads((pruned / "run.json").read_text())
+    spread = {"median": 1.21, "min": 1.18, "max": 1.24}
+    record["metrics"]["speedup"] = {
+        "step": spread, "e2e": spread, "batches": 1, "repeats": 3, "bandwidth_bound": 1.42,
+        "ideal": 1.3, "overhead_s": 175.0, "overhead_fraction": 4.06,
+    }  # fmt: skip
+    (pruned / "run.json").write_text(json.dumps(record))
+    header = page_json(write_view(pruned, out=tmp_path / "b.html"))["header"]
+    assert header["speedup"].startswith("speedup vs dense (paired, 1 batch, 3 trials): step 1.21x")
+    assert not [m for m in header["metrics"] if "/s" in m["label"]]
