@@ -45,8 +45,8 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from bwprune.errors import UserError
-from bwprune.hooks import HookSet
 from bwprune.methods.calibrated import LayerStream, calibration_artifact
+from bwprune.methods.hooks import HookSet
 from bwprune.methods.thresholds import SiteCost, ThresholdMethod
 from bwprune.models.adapters import ModelAdapter
 

@@ -33,9 +33,9 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from bwprune.errors import UserError
-from bwprune.hooks import HookSet
 from bwprune.methods.base import PruningMethod, StepContext, StepSparsity, check_sparsity
 from bwprune.methods.calibrated import LayerStream, calibration_artifact
+from bwprune.methods.hooks import HookSet
 from bwprune.models.adapters import ModelAdapter
 
 PATTERNS = ("unstructured", "N:M (e.g. 2:4, 4:8)")

@@ -18,7 +18,8 @@ from typing import Any, NoReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from bwprune.records import RunRecorder, run_key
+from bwprune.runs.identity import run_key
+from bwprune.runs.recorder import RunRecorder
 
 BAD_INPUT, INTERRUPTED = 2, 130  # 130 = 128 + SIGINT, what a shell reports for Ctrl-C
 PROBE_BYTES = 1 << 15  # written (and removed) before a run: more than Hydra saves before a job

@@ -44,7 +44,7 @@ BATCHING = ("static", "continuous")  # generation.batching
 
 def validate(cfg: DictConfig) -> None:
     """Raise `UserError` naming the first bad top-level, model or generation value (the ranges
-    of `cost` values are `bwprune.cost_target`'s, checked when a target is set)."""
+    of `cost` values are `bwprune.generation.cost_target`'s, checked when a target is set)."""
     for key in (*INTEGERS, *NUMBERS):
         value, integer = OmegaConf.select(cfg, key), key in INTEGERS
         if not (_is_number(value, integer) or (key in NULLABLE and value is None)):

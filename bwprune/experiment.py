@@ -1,7 +1,7 @@
 """One run, end to end: compose model × method × benchmark, evaluate, record. Composes and
-dispatches only: selection is `bwprune.selection`, generation `bwprune.generation.evaluate`,
-perplexity `bwprune.perplexity`, records `bwprune.records`, the search for a matched-cost run's ρ
-`bwprune.cost_target`.
+dispatches only: selection is `bwprune.benchmarks.selection`, generation
+`bwprune.generation.evaluate`, perplexity `bwprune.generation.perplexity`, records `bwprune.runs`,
+the search for a matched-cost run's ρ `bwprune.generation.cost_target`.
 
 It names no method and no benchmark (they are built from their config groups). It owns every
 `finally`: the tracker is closed whatever happens, and the evaluations write as they go, so an
@@ -17,20 +17,21 @@ from functools import partial
 from omegaconf import DictConfig, OmegaConf
 
 from bwprune.benchmarks.base import Benchmark, Example
+from bwprune.benchmarks.selection import num_samples, select_examples, work_items
 from bwprune.config import build, build_method, validate
-from bwprune.cost_target import CostTarget
 from bwprune.errors import UserError
+from bwprune.generation.cost_target import CostTarget
 from bwprune.generation.evaluate import generate_missing
+from bwprune.generation.perplexity import evaluate_perplexity
+from bwprune.generation.prepared import prepare_model
 from bwprune.methods.base import PruningMethod
-from bwprune.pairing import time_to_answer_vs_dense
-from bwprune.perplexity import evaluate_perplexity
-from bwprune.prepared import prepare_model
-from bwprune.provenance import provenance
-from bwprune.records import RunRecorder, method_name, run_key, target_sparsity
-from bwprune.selection import num_samples, select_examples, work_items
-from bwprune.shards import merge_shards, shard_batches
-from bwprune.summary import summarize
-from bwprune.tracking import Tracker, make_tracker
+from bwprune.runs.identity import method_name, run_key, target_sparsity
+from bwprune.runs.pairing import time_to_answer_vs_dense
+from bwprune.runs.provenance import provenance
+from bwprune.runs.recorder import RunRecorder
+from bwprune.runs.shards import merge_shards, shard_batches
+from bwprune.runs.summary import summarize
+from bwprune.runs.tracking import Tracker, make_tracker
 
 log = logging.getLogger(__name__)
 

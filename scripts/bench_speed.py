@@ -22,12 +22,12 @@ from transformers import PreTrainedTokenizerBase
 from bwprune.config import build_method, compose_config
 from bwprune.engine.protocol import MethodDriver
 from bwprune.generation.runner import EngineConfig
+from bwprune.generation.speed import measure, measure_compaction, measure_streaming
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import ModelAdapter, adapter_for
 from bwprune.models.loading import load_model
-from bwprune.provenance import provenance
 from bwprune.report.speed_table import compaction_line, markdown_table, stream_line
-from bwprune.speed import measure, measure_compaction, measure_streaming
+from bwprune.runs.provenance import provenance
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("methods", "overhead", "compaction", "stream")

@@ -40,10 +40,10 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from bwprune.engine.protocol import MethodDriver  # noqa: E402
 from bwprune.generation.runner import EngineConfig  # noqa: E402
+from bwprune.generation.speed import measure, within_budget  # noqa: E402
 from bwprune.models.adapters import adapter_for  # noqa: E402
 from bwprune.models.byte_tokenizer import byte_tokenizer  # noqa: E402
 from bwprune.report.speed_table import markdown_table  # noqa: E402
-from bwprune.speed import measure, within_budget  # noqa: E402
 
 CONF = ROOT / "conf"
 SET_HERE = ("name", "_target_", "sparsity", "calibration", "cache_dir")  # method keys set by us

@@ -8,7 +8,7 @@ from bwprune.errors import UserError
 from bwprune.report import figures
 from bwprune.report.control import control_runs
 from bwprune.report.pareto import METRICS as PARETO_METRICS
-from bwprune.report.tables import default_cells, default_runs, default_variants, pareto_runs
+from bwprune.report.selection import default_cells, default_runs, default_variants, pareto_runs
 from bwprune.report.wandb_source import report_config, source_runs
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,13 +5,8 @@ import sys
 from pathlib import Path
 
 from bwprune.errors import UserError
-from bwprune.report.tables import (
-    all_tables,
-    default_variants,
-    pareto_table,
-    speed_table,
-    write_tables,
-)
+from bwprune.report.selection import default_variants
+from bwprune.report.tables import all_tables, pareto_table, speed_table, write_tables
 from bwprune.report.wandb_source import report_config, source_runs
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,5 +1,5 @@
-"""`python scripts/measure_speedup.py RUN_DIR [RUN_DIR ...] [overrides]`: a finished run's
-paired speedup over dense, measured now on its first recorded batches (`bwprune.remeasure`).
+"""`python scripts/measure_speedup.py RUN_DIR [RUN_DIR ...] [overrides]`: a finished run's paired
+speedup over dense, measured now on its first recorded batches (`bwprune.generation.remeasure`).
 
 Overrides are config keys of this checkout, e.g. speed.batches=3 speed.repeats=5. Measure on a
 quiet machine: the pairs are alternated, but a noisy machine widens their spread.
@@ -11,7 +11,7 @@ from pathlib import Path
 from bwprune.cli import speedup_line
 from bwprune.config import compose_config
 from bwprune.errors import UserError
-from bwprune.remeasure import remeasure
+from bwprune.generation.remeasure import remeasure
 
 ROOT = Path(__file__).resolve().parent.parent
 

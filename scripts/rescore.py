@@ -3,7 +3,7 @@
 import sys
 
 from bwprune.errors import UserError
-from bwprune.rescore import rescore
+from bwprune.runs.rescore import rescore
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from bwprune.errors import UserError
-from bwprune.traces import record_traces
+from bwprune.generation.traces import record_traces
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from bwprune.experiment import run
-from bwprune.traces import record_traces
+from bwprune.generation.traces import record_traces
 from tests.conftest import CONF_DIR, compose_cfg
 
 # dense at two batch sizes (the agreement references), ours at both, and one ablation variant.

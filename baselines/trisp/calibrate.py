@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bwprune.hooks import HookSet
+from bwprune.methods.hooks import HookSet
 from bwprune.models.adapters import ModelAdapter
 
 

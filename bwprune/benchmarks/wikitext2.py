@@ -1,6 +1,6 @@
 """WikiText-2 perplexity (Merity et al., 2016): the language-modelling benchmark of the structured
 pruning papers (FLAP, TriSP). `kind = "perplexity"`: the experiment evaluates it with
-`bwprune.perplexity.evaluate_perplexity`, not by generating answers.
+`bwprune.generation.perplexity.evaluate_perplexity`, not by generating answers.
 
 The text is `test.txt` (never `valid.txt`, the calibration text), tokenized once as a whole. It is
 cut into windows of `seq_len` tokens starting every `stride` tokens; a window scores only the

@@ -20,16 +20,23 @@ from tqdm import tqdm
 
 from bwprune.benchmarks.base import Benchmark, Example
 from bwprune.generation.paired import PairedSettings, PairedTiming
+from bwprune.generation.prepared import PreparedModel, prepare_model
 from bwprune.generation.prompts import batch_prompts
+from bwprune.generation.quality import (
+    DenseReference,
+    dense_references,
+    forced_quality,
+    stream_quality,
+)
 from bwprune.generation.runner import BatchedRunner, BatchTiming, SamplingConfig
+from bwprune.generation.samples import sample_row, timing_row
 from bwprune.generation.stream import StreamRunner
 from bwprune.methods.base import PruningMethod
 from bwprune.models.loading import load_model
-from bwprune.prepared import PreparedModel, prepare_model
-from bwprune.quality import DenseReference, dense_references, forced_quality, stream_quality
-from bwprune.records import RunRecorder, sample_row, target_sparsity, timing_row
+from bwprune.runs.identity import target_sparsity
+from bwprune.runs.recorder import RunRecorder
+from bwprune.runs.tracking import Tracker
 from bwprune.scoring.common import prompt_opens_think
-from bwprune.tracking import Tracker
 
 log = logging.getLogger(__name__)
 

@@ -3,10 +3,10 @@
 Comparing a pruned run's tokens/s with a separate dense run's mixes two processes, often two
 machines and two loads (on one CPU the same config ran at 1.5 and at 39.9 tok/s). So after the
 method generates one of a run's first batches, both sides are timed here, in this process, on the
-same prompts and the same decode steps per row: teacher-forced on the method's own completions
-(the method then prunes exactly as it did while generating), alternated, after warm-up. The
-ratios are summarized by `bwprune.speedup`; `bwprune.speed` (`make bench`) times through the same
-`timed_generation` and `alternate`.
+same prompts and the same decode steps per row: teacher-forced on the method's own completions (the
+method then prunes exactly as it did while generating), alternated, after warm-up. The ratios are
+summarized by `bwprune.runs.speedup`; `bwprune.generation.speed` (`make bench`) times through the
+same `timed_generation` and `alternate`.
 """
 
 from __future__ import annotations

@@ -44,13 +44,13 @@ from bwprune.config import build_method
 from bwprune.engine.protocol import MethodDriver
 from bwprune.engine.realized import combine
 from bwprune.errors import UserError
+from bwprune.generation.prepared import prepare_model
 from bwprune.generation.prompts import left_pad, render_messages
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.generation.scoring_forward import score_forward
 from bwprune.lmeval.compose import compose_from_model_args
-from bwprune.prepared import prepare_model
-from bwprune.provenance import provenance
-from bwprune.records import method_name
+from bwprune.runs.identity import method_name
+from bwprune.runs.provenance import provenance
 
 log = logging.getLogger(__name__)
 

@@ -220,7 +220,7 @@ class PruningMethod:
     ) -> None:
         """One-off work before any generation, the one hook that sees the model: calibration,
         static weight pruning, per-layer sizes. The tokenizer is here for calibration text
-        (`bwprune.calibration.calibration_windows`)."""
+        (`bwprune.methods.calibration.calibration_windows`)."""
 
     def start(self, batch_size: int) -> None:
         """A generation starts with `batch_size` rows: fresh scores, memory, schedule."""

@@ -5,8 +5,8 @@
 method can observe a layer with hooks, change its weights, and only then produce the next layer's
 inputs (Wanda: pruned outputs feed the next layer's calibration). Only one layer's activations are
 alive at a time, which keeps TEAL's whole-tensor histograms affordable. `calibration_artifact`
-caches what a method computes from the stream through `bwprune.calibration`. Nothing here knows a
-particular method.
+caches what a method computes from the stream through `bwprune.methods.calibration`. Nothing here
+knows a particular method.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from bwprune.calibration import artifact_dir, cached_tensors, calibration_windows
 from bwprune.errors import UserError
-from bwprune.hooks import HookSet
+from bwprune.methods.calibration import artifact_dir, cached_tensors, calibration_windows
+from bwprune.methods.hooks import HookSet
 from bwprune.models.adapters import ModelAdapter
 
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from bwprune.hooks import HookSet
 from bwprune.methods.base import Phase, PruningMethod, StepContext, Tokens
+from bwprune.methods.hooks import HookSet
 from bwprune.methods.neuron_set import NeuronSetMethod
 from bwprune.methods.thresholds import ThresholdMethod
 from bwprune.models.adapters import ModelAdapter

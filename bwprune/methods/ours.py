@@ -31,9 +31,9 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from bwprune.errors import UserError, choices_error
-from bwprune.hooks import HookSet
 from bwprune.methods.base import StepContext, check_sparsity
 from bwprune.methods.calibrated import LayerStream, calibration_artifact
+from bwprune.methods.hooks import HookSet
 from bwprune.methods.neuron_scores import (
     AGGREGATES,
     K_RULES,

@@ -17,10 +17,10 @@ import pandas as pd
 import yaml
 
 from bwprune.errors import choices_error
-from bwprune.pairing import pairing_key, run_metrics
-from bwprune.provenance import git
-from bwprune.records import LATE_OPTIONS, settings
-from bwprune.speedup import time_to_answer
+from bwprune.runs.identity import LATE_OPTIONS, settings
+from bwprune.runs.pairing import pairing_key, run_metrics
+from bwprune.runs.provenance import git
+from bwprune.runs.speedup import time_to_answer
 
 # Method keys that say what is pruned how much, or name the method, not which variant it is: runs
 # recorded before conf/method/*.yaml carried `name` are the same variants as those after.
@@ -78,7 +78,7 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
     config, settings, metrics, agreement with dense (a dense run left out is no reference).
 
     A shard (`num_shards` > 1) is part of a run, not a run: it is left out, and its run appears
-    once the shards are merged (`bwprune.shards`). `settings` is the run's identity without the
+    once the shards are merged (`bwprune.runs.shards`). `settings` is the run's identity without the
     seed, `quality` apart (`measured`): quality only adds measurements to the same samples.
     """
     rows, predictions, completions = [], {}, {}
@@ -146,7 +146,7 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
 
 
 def _speedup_columns(speedup: dict | None) -> dict:
-    """A run's paired speedup over dense (`bwprune.speedup`): per-step median and range,
+    """A run's paired speedup over dense (`bwprune.runs.speedup`): per-step median and range,
     end-to-end median; None where the run was not timed (dense, or recorded before)."""
     s = speedup or {}
     step = s.get("step") or {}
@@ -170,8 +170,9 @@ def _cost_columns(cost_cfg: dict | None, search: dict | None) -> dict:
 
 
 def _time_to_answer(runs: pd.DataFrame, runs_dir: Path) -> list[float | None]:
-    """Time-to-answer speedup against the matching dense run (`bwprune.speedup.time_to_answer`):
-    lengths from both runs, time only from this run's own paired measurement."""
+    """Time-to-answer speedup against the matching dense run
+    (`bwprune.runs.speedup.time_to_answer`): lengths from both runs, time only from this run's own
+    paired measurement."""
     dense = {r.pairing: r.run_key for r in runs.itertuples() if r.method == "dense"}
     out = []
     for r in runs.itertuples():

@@ -79,7 +79,7 @@ def control_runs(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
     with `evaluation`, `label` (`label`) and `identical`: the fraction of samples whose
     completion is the same text as in the run of the same curve and seed at the smallest batch
     size (1.0 there). `defaults`: `<model>/<method>` -> default variant
-    (`tables.default_variants`)."""
+    (`selection.default_variants`)."""
     runs = nominal(static_runs(runs[runs["perplexity"].isna()]))
     flagged = invariant(runs)
     if runs.empty or not flagged.any():

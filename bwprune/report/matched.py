@@ -1,4 +1,5 @@
-"""Matched-cost runs (`cost.target`, bwprune/cost_target.py): each method at one realized cost.
+"""Matched-cost runs (`cost.target`, bwprune/generation/cost_target.py): each method at one realized
+cost.
 
 A matched run chose its ρ so that its realized cost landed on a target, so its ρ says nothing by
 itself: the papers' tables and figures, which compare methods at one nominal ρ, leave these runs

@@ -1,4 +1,4 @@
-"""The speed table's cells (`bwprune.speed` measures, this module only formats).
+"""The speed table's cells (`bwprune.generation.speed` measures, this module only formats).
 
 Plain strings, so the markdown written by `make bench` and the LaTeX of `make tables` show the same
 numbers; no torch and no pandas, so the report and the GPU check can both import it.
@@ -46,7 +46,7 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def compaction_line(c: dict) -> str:
-    """One sentence for `bwprune.speed.measure_compaction`'s record."""
+    """One sentence for `bwprune.generation.speed.measure_compaction`'s record."""
     with_, without, ratio = (c[k]["median"] for k in
                              ("decode_s_compaction", "decode_s_without", "ratio"))  # fmt: skip
     return (
@@ -58,7 +58,7 @@ def compaction_line(c: dict) -> str:
 
 
 def stream_line(c: dict) -> str:
-    """One sentence for `bwprune.speed.measure_streaming`'s record."""
+    """One sentence for `bwprune.generation.speed.measure_streaming`'s record."""
     r, e2e = c["ratio"], c["ratio_e2e"]
     return (
         f"Continuous batching: {c['items']} answers in {c['batch']} slots, {c['capped']} run to "

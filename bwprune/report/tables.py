@@ -22,11 +22,11 @@ from pathlib import Path
 import pandas as pd
 
 from bwprune.report.cells import check_cells, largest_evaluations
-from bwprune.report.collect import method_variant
 from bwprune.report.control import MEASURES as CONTROL_MEASURES
-from bwprune.report.control import computed_together, control_runs, protocol_runs
-from bwprune.report.matched import is_matched, matched_frame, nominal
+from bwprune.report.control import control_runs, protocol_runs
+from bwprune.report.matched import is_matched, matched_frame
 from bwprune.report.pareto import CURVE, X, curves, interpolate
+from bwprune.report.selection import defaults_only, pareto_runs, row_mask
 from bwprune.report.speed_table import SPEED_COLUMNS, table_cells
 from bwprune.report.stream import MEASURES as STREAM_MEASURES
 from bwprune.report.stream import stream_pairs
@@ -49,7 +49,7 @@ SPEEDUP_NOTE = FOOTNOTE + (
     "own completions, teacher-forced), timed in the method's run, alternated with it "
     "(bwprune/generation/paired.py); range = slowest to fastest timed trial; time-to-answer = "
     "the same per-step ratio with each run's own number of decode steps, so longer answers "
-    "count (bwprune/speedup.py)."
+    "count (bwprune/runs/speedup.py)."
 )
 
 
@@ -122,49 +122,6 @@ def _math(text: str) -> str:
     return text.replace("ρ", "$\\rho$").replace("‖", "$\\|$").replace("Δ", "$\\Delta$")
 
 
-def default_variants(conf_dir: str | Path, runs: pd.DataFrame) -> dict[str, str]:
-    """The default variant of each `<model>/<method>` pair in `runs` (keyed as in run keys), from
-    the yaml files (the only source of defaults). Composed with the model, because a model may set
-    its own method values (conf/model_method/: Qwen3-1.7B's mask period for `ours`)."""
-    from omegaconf import OmegaConf
-
-    from bwprune.config import compose_config
-
-    out = {}
-    for model, method in sorted(set(zip(runs["model"], runs["method"]))):
-        cfg = compose_config(conf_dir, [f"model={model}", f"method={method}"])
-        out[f"{model}/{method}"] = method_variant(OmegaConf.to_container(cfg.method, resolve=True))
-    return out
-
-
-def pareto_runs(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
-    """Generation runs of each method's default variant in static batches computed together,
-    every evaluation size, at a given ρ or a matched cost: every point of the Pareto view
-    (`bwprune.report.pareto`), where a run's cost, not its ρ, places it."""
-    return _defaults_only(computed_together(runs[runs["perplexity"].isna()]), defaults)
-
-
-def default_runs(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
-    """`pareto_runs` at the ρ they were given: the papers' protocol, every evaluation size (the
-    collapse); streams, the batch-invariant control and matched runs have their own views."""
-    return nominal(pareto_runs(runs, defaults))
-
-
-def default_cells(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
-    """The same, one run per cell (the most problems): the other figures."""
-    return largest_evaluations(default_runs(runs, defaults))
-
-
-def _defaults_only(runs: pd.DataFrame, defaults: dict[str, str]) -> pd.DataFrame:
-    pairs = zip(runs["model"], runs["method"], runs["variant"])
-    return runs[_rows(runs, [defaults.get(f"{model}/{method}") == v for model, method, v in pairs])]
-
-
-def _rows(runs: pd.DataFrame, keep: list[bool]) -> pd.Series:
-    """A row mask; a bare list would select no columns when it is empty (no runs of a kind)."""
-    return pd.Series(keep, index=runs.index, dtype=bool)
-
-
 def _at_target(runs: pd.DataFrame, rho: float = 0.5) -> pd.DataFrame:
     return runs[(runs["method"] == "dense") | (runs["target_sparsity"] == rho)]
 
@@ -186,7 +143,7 @@ def _wide(
 def main_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int = 4) -> Table:
     """Per benchmark: problems, accuracy and KL to dense; then the accuracy mean, and agreement
     and realized sparsity averaged over the benchmarks, per method."""
-    sel = _at_target(_defaults_only(runs, defaults))
+    sel = _at_target(defaults_only(runs, defaults))
     sel = sel[sel["batch_size"] == batch_size]
     table = _wide(sel, ["model", "method"], "benchmark", {"problems": "n", "accuracy": "acc"})
     acc = [c for c in table.columns if c.startswith("acc ")]
@@ -226,7 +183,7 @@ def batch_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
 
     One row per evaluation (n problems, at most `tokens` new tokens each), so a row never mixes
     batch sizes measured on different problems or lengths; takes all runs, not one per cell."""
-    used = _at_target(_defaults_only(runs, defaults))
+    used = _at_target(defaults_only(runs, defaults))
     sel = _evaluations(used)
     values = {"accuracy": "acc", "agreement": "agree", "kl": "KL", "realized_ffn": "(a)"}
     table = _wide(sel, ["benchmark", "model", "method", "n", "tokens"], "batch_size", values)
@@ -240,7 +197,7 @@ def _evaluations(runs: pd.DataFrame) -> pd.DataFrame:
 
 def sparsity_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int = 4) -> Table:
     """Accuracy and realized FFN sparsity (a) vs target sparsity, one row per evaluation."""
-    sel = _defaults_only(runs, defaults)
+    sel = defaults_only(runs, defaults)
     sel = _evaluations(sel[(sel["batch_size"] == batch_size) & (sel["method"] != "dense")])
     values = {"accuracy": "acc", "realized_ffn": "(a)"}
     table = _wide(sel, ["benchmark", "model", "method", "n", "tokens"], "target_sparsity", values)
@@ -256,7 +213,7 @@ def ablation_table(runs: pd.DataFrame, defaults: dict[str, str], argument: str) 
     sel = runs[runs["method"] == "ours"]
     default = [defaults.get(f"{model}/ours") for model in sel["model"]]
     same = [d is None or others(v) == others(d) for v, d in zip(sel["variant"], default)]
-    sel = sel[_rows(sel, same)].copy()
+    sel = sel[row_mask(sel, same)].copy()
     sel[argument] = [str(json.loads(v).get(argument)) for v in sel["variant"]]
     columns = {"problems": "n", "accuracy": "acc", "agreement": "agree", "kl": "KL",
                "realized_ffn": "(a) ffn", "realized_ffn_sparse_steps": "(b) ffn"}  # fmt: skip
@@ -280,7 +237,7 @@ def pareto_table(runs: pd.DataFrame, defaults: dict[str, str], at: Sequence[floa
     on_curves = {y: curves(sel, y) for y in PARETO_COLUMNS}
     drawn = set().union(*on_curves.values())  # the curves `curves` keeps (swept settings)
     sel = sel[
-        _rows(sel, [key in drawn for key in sel[list(CURVE)].itertuples(index=False, name=None)])
+        row_mask(sel, [key in drawn for key in sel[list(CURVE)].itertuples(index=False, name=None)])
     ]
     rows = []
     for key, span in sel.groupby(list(CURVE))[X].agg(["min", "max"]).iterrows():
@@ -302,7 +259,7 @@ def pareto_table(runs: pd.DataFrame, defaults: dict[str, str], at: Sequence[floa
         "reach the value to the shown precision (never extrapolated); (c) min/max: the span of "
         "its runs. ΔNLL = NLL increase over dense. TTA = time-to-answer "
         "speedup over the matching dense run (paired per-step timing scaled by each run's own "
-        "decode steps, bwprune/speedup.py; runs timed with `scripts/measure_speedup.py` where "
+        "decode steps, bwprune/runs/speedup.py; runs timed with `scripts/measure_speedup.py` where "
         "they ran with speed.paired=false). " + FOOTNOTE
     )
     return Table("Pareto: measures at common realized cost (c)", frame, list(sel["run_key"]),
@@ -324,7 +281,8 @@ def matched_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
     sel = sel[is_matched(sel)]
     note = (
         "Runs whose ρ was chosen so that a realized cost lands on a target (`cost.target`, "
-        "bwprune/cost_target.py): quantity params = (c), parameters skipped per decode token; "
+        "bwprune/generation/cost_target.py): quantity params = (c), parameters skipped per "
+        "decode token; "
         "ffn = (a). realized (calib.): what the chosen ρ realized on the calibration problems "
         "(the benchmark's last `cost.problems` not evaluated), within `cost.tolerance` of the "
         "target; (c) and (a): what it realized on the evaluated problems. TTA = time-to-answer "
@@ -384,7 +342,7 @@ def speed_table(name: str, rows: list[dict]) -> Table:
     """A `make bench` record (results/speed/<name>.json) as a table."""
     note = (
         f"Median [min, max] over repeats, methods alternated in one process (`make bench`; "
-        f"record: results/speed/{name}.json). Bounds: bwprune/speed.py."
+        f"record: results/speed/{name}.json). Bounds: bwprune/generation/speed.py."
     )
     frame = pd.DataFrame(table_cells(rows), columns=list(SPEED_COLUMNS))
     return Table(f"Speed: {name}", frame, [], note)

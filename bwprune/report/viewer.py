@@ -20,10 +20,11 @@ from transformers import PreTrainedTokenizerBase
 
 from bwprune.cli import speedup_line
 from bwprune.errors import UserError
-from bwprune.pairing import PAIRING, matching_dense_runs
-from bwprune.records import RunRecorder, target_sparsity
 from bwprune.report.divergence import Tokens, first_divergence, tokenize
-from bwprune.summary import summarize
+from bwprune.runs.identity import target_sparsity
+from bwprune.runs.pairing import PAIRING, matching_dense_runs
+from bwprune.runs.recorder import RunRecorder
+from bwprune.runs.summary import summarize
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ class RunFolder:
 
 
 def find_dense_run(run: RunFolder) -> Path:
-    """The complete dense run the tables compare `run` with (`bwprune.pairing`)."""
+    """The complete dense run the tables compare `run` with (`bwprune.runs.pairing`)."""
     found = matching_dense_runs(run.dir, OmegaConf.to_container(run.cfg, resolve=True))
     if not found:
         raise UserError(

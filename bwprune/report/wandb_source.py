@@ -1,9 +1,9 @@
 """The runs `make tables` / `make figures` read: the local folder's, or a download from W&B.
 
 With `report.source=wandb`, the files each W&B run carries (the copies of its run folder that
-`bwprune.tracking` uploads) are downloaded into a folder laid out like `paths.runs_dir`, so tables
-and figures come from the same `load_runs` whatever the source. This module builds no table; it
-never writes to `paths.runs_dir`.
+`bwprune.runs.tracking` uploads) are downloaded into a folder laid out like `paths.runs_dir`, so
+tables and figures come from the same `load_runs` whatever the source. This module builds no table;
+it never writes to `paths.runs_dir`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from bwprune.config import compose_config
 from bwprune.errors import UserError, choices_error
 from bwprune.report.collect import report_runs
-from bwprune.tracking import RUN_FILES, RUN_FILES_DIR
+from bwprune.runs.tracking import RUN_FILES, RUN_FILES_DIR
 
 log = logging.getLogger(__name__)
 

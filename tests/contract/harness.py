@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import torch
 
 from bwprune.engine.protocol import MethodDriver
-from bwprune.hooks import HookSet
 from bwprune.methods.base import Phase, PruningMethod, StepContext, Tokens
 from bwprune.methods.hf_host import site
+from bwprune.methods.hooks import HookSet
 from bwprune.methods.neuron_set import NeuronSetMethod
 from bwprune.methods.thresholds import ThresholdMethod
 from bwprune.models.adapters import ModelAdapter

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bwprune.hooks import HookSet
+from bwprune.methods.hooks import HookSet
 from bwprune.models.adapters import ModelAdapter
 from bwprune.models.sliced_mlp import SlicedMLP
 

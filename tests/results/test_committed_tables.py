@@ -3,7 +3,8 @@
 from pathlib import Path
 
 from bwprune.report.collect import report_runs
-from bwprune.report.tables import all_tables, default_variants, pareto_table
+from bwprune.report.selection import default_variants
+from bwprune.report.tables import all_tables, pareto_table
 from bwprune.report.wandb_source import report_config
 from tests.conftest import CONF_DIR
 

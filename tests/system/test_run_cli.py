@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
-from bwprune.records import run_key
+from bwprune.runs.identity import run_key
 
 ROOT = Path(__file__).resolve().parents[2]
 

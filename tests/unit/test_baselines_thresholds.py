@@ -9,12 +9,12 @@ from transformers import DynamicCache
 
 from baselines.cats import EDGES, quantile_edge
 from baselines.teal import histogram, icdf
-from bwprune.calibration import calibration_windows
 from bwprune.config import package_data_dir
 from bwprune.engine.protocol import MethodDriver
 from bwprune.errors import UserError
 from bwprune.methods.base import ModelShape, Phase, RowsStart, StepContext, Tokens
 from bwprune.methods.calibrated import LayerStream, calibration_artifact
+from bwprune.methods.calibration import calibration_windows
 from bwprune.methods.thresholds import SiteCost
 from bwprune.models.adapters import adapter_for
 from tests.conftest import PROMPTS, chat, method_from_conf, prepared, tiny_model

@@ -8,12 +8,12 @@ import torch
 from omegaconf import OmegaConf
 
 from baselines.wanda import Wanda, parse_pattern, wanda_mask
-from bwprune.calibration import calibration_windows
 from bwprune.config import package_data_dir
 from bwprune.engine.ledger import SparsityLedger
 from bwprune.errors import UserError
-from bwprune.hooks import HookSet
 from bwprune.methods.calibrated import LayerStream
+from bwprune.methods.calibration import calibration_windows
+from bwprune.methods.hooks import HookSet
 from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
 from tests.conftest import CONF_DIR, method_from_conf, prepared, reported

@@ -13,7 +13,8 @@ from bwprune.experiment import run
 from bwprune.report.collect import load_runs
 from bwprune.report.control import control_runs, label, protocol_runs
 from bwprune.report.figures import collapse_control
-from bwprune.report.tables import all_tables, default_variants
+from bwprune.report.selection import default_variants
+from bwprune.report.tables import all_tables
 from tests.conftest import CONF_DIR, compose_cfg
 
 BASE = ["model=tiny_llama", "method=teal", "limit=4", "generation.max_new_tokens=16",

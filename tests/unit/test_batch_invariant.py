@@ -8,7 +8,7 @@ import pytest
 
 from bwprune.errors import UserError
 from bwprune.experiment import run
-from bwprune.records import RunRecorder
+from bwprune.runs.recorder import RunRecorder
 from tests.conftest import small_calibration
 
 TINY = ["model=tiny_llama", "limit=3", "generation.max_new_tokens=12", "quality.enabled=true",

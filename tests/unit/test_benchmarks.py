@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from bwprune.benchmarks.gpqa import GPQA
+from bwprune.benchmarks.selection import select_examples, work_items
 from bwprune.config import build
 from bwprune.errors import UserError
 from bwprune.experiment import run
-from bwprune.records import RunRecorder
-from bwprune.rescore import rescore
-from bwprune.selection import select_examples, work_items
-from bwprune.summary import summarize
+from bwprune.runs.recorder import RunRecorder
+from bwprune.runs.rescore import rescore
+from bwprune.runs.summary import summarize
 from tests.conftest import compose_cfg
 
 FIXTURE = str(Path(__file__).resolve().parent.parent / "fixtures" / "gpqa_synthetic.jsonl")

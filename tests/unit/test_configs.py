@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from bwprune.config import build, build_method, compose_config
 from bwprune.errors import UserError
-from bwprune.records import run_key
+from bwprune.runs.identity import run_key
 from tests.conftest import CONF_DIR, compose_cfg
 
 
@@ -78,7 +78,9 @@ def test_every_benchmark_loads(benchmark):
         fixture = Path(CONF_DIR).parent / "tests" / "fixtures" / "gpqa_synthetic.jsonl"
         overrides += [f"benchmark.data_file={fixture}", "benchmark.name=gpqa_synthetic"]
     bench = build(compose_cfg(overrides).benchmark)
-    if bench.kind == "perplexity":  # evaluated by bwprune.perplexity: windows, not examples
+    if (
+        bench.kind == "perplexity"
+    ):  # evaluated by bwprune.generation.perplexity: windows, not examples
         assert Path(bench.data_file).exists() and bench.windows(10_000)
         return
     examples = bench.examples()
@@ -117,7 +119,7 @@ def test_run_key_does_not_depend_on_the_checkout(monkeypatch, tmp_path):
     key = run_key(compose_cfg([]))
     fake = tmp_path / "elsewhere" / "bwprune" / "data"
     monkeypatch.setattr(config_module, "package_data_dir", lambda: str(fake))
-    import bwprune.records as records
+    import bwprune.runs.recorder as records
 
     monkeypatch.setattr(records, "package_data_dir", lambda: str(fake))
     assert run_key(compose_cfg([f"paths.data_dir={fake}"])) == key

@@ -13,12 +13,13 @@ import pytest
 from bwprune import experiment
 from bwprune.cli import interrupted
 from bwprune.config import build
-from bwprune.cost_target import CostTarget, Trial, next_rho, search_rho
 from bwprune.engine.step import DecodeStep
 from bwprune.errors import UserError
 from bwprune.experiment import run
-from bwprune.records import RunRecorder, run_key
-from bwprune.rescore import rescore
+from bwprune.generation.cost_target import CostTarget, Trial, next_rho, search_rho
+from bwprune.runs.identity import run_key
+from bwprune.runs.recorder import RunRecorder
+from bwprune.runs.rescore import rescore
 
 TINY = ["model=tiny_llama", "limit=4", "batch_size=2", "cost.problems=4"]
 

@@ -10,8 +10,9 @@ import torch
 from bwprune.cli import interrupted, summary
 from bwprune.errors import UserError
 from bwprune.experiment import run
-from bwprune.records import RunRecorder, run_key
-from bwprune.rescore import rescore
+from bwprune.runs.identity import run_key
+from bwprune.runs.recorder import RunRecorder
+from bwprune.runs.rescore import rescore
 from tests.conftest import interrupt_generation
 
 TINY = ["model=tiny_llama", "limit=6", "batch_size=4"]
@@ -156,7 +157,7 @@ def test_one_kept_batch_is_one_batch(cfg_factory, monkeypatch):
 
 
 def test_summary_metrics_for_generation_and_perplexity_records():
-    from bwprune.tracking import summary_metrics
+    from bwprune.runs.tracking import summary_metrics
 
     gen = {"benchmark": "gsm8k", "metrics": {"accuracy": 0.5, "n": 2, "target_sparsity": 0.5,
            "realized_sparsity": {"ffn": 0.4, "ffn_sparse_steps": 0.5, "params": 0.2}}}  # fmt: skip

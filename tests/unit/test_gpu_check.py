@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from bwprune.config import build_method
-from bwprune.speed import within_budget
+from bwprune.generation.speed import within_budget
 from tests.conftest import compose_cfg
 
 ROOT = Path(__file__).resolve().parents[2]

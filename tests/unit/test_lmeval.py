@@ -24,7 +24,7 @@ from bwprune.experiment import run  # noqa: E402
 from bwprune.generation.prompts import left_pad  # noqa: E402
 from bwprune.generation.runner import SamplingConfig  # noqa: E402
 from bwprune.lmeval import BWPruneLM  # noqa: E402
-from bwprune.records import RunRecorder  # noqa: E402
+from bwprune.runs.recorder import RunRecorder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"

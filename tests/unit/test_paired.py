@@ -1,4 +1,4 @@
-"""Paired speedup over dense inside a run (bwprune/generation/paired.py, bwprune/speedup.py)."""
+"""Paired speedup over dense inside a run (generation/paired.py, runs/speedup.py)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ from bwprune.errors import UserError
 from bwprune.experiment import run
 from bwprune.generation import paired as paired_module
 from bwprune.generation.paired import PairedSettings, PairedTiming
+from bwprune.generation.remeasure import remeasure
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
-from bwprune.pairing import pairing_key
-from bwprune.remeasure import remeasure
-from bwprune.speedup import paired_speedup, schedule_ideal, time_to_answer
+from bwprune.runs.pairing import pairing_key
+from bwprune.runs.speedup import paired_speedup, schedule_ideal, time_to_answer
 from tests.conftest import CONF_DIR, chat, tiny_model
 
 TINY = ["model=tiny_llama", "limit=4", "batch_size=2", "generation.max_new_tokens=16"]
@@ -172,7 +172,7 @@ def test_a_batch_that_stopped_at_once_has_no_per_step_ratio():
 
 
 def test_wandb_summary_and_live_curves_carry_the_speedup():
-    from bwprune.tracking import running_metrics, summary_metrics
+    from bwprune.runs.tracking import running_metrics, summary_metrics
 
     row = {**_timing([1.0, 1.0], [1.2, 1.3]), "indices": [0], "samples": [0], "decode_tokens": 8}
     sample = {"index": 0, "correct": False, "score_reason": "wrong", "new_tokens": 8,

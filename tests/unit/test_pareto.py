@@ -12,11 +12,12 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from bwprune.records import run_key
 from bwprune.report import figures
 from bwprune.report.collect import load_runs
 from bwprune.report.pareto import X_LABEL, X, curves, interpolate
-from bwprune.report.tables import all_tables, default_variants, pareto_table
+from bwprune.report.selection import default_variants
+from bwprune.report.tables import all_tables, pareto_table
+from bwprune.runs.identity import run_key
 from tests.conftest import CONF_DIR, compose_cfg
 
 DENSE_ANSWERS = ["1", "2", "3", "4"]

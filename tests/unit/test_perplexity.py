@@ -14,10 +14,10 @@ from bwprune.benchmarks.wikitext2 import WikiText2
 from bwprune.config import build
 from bwprune.engine.ledger import SparsityLedger
 from bwprune.errors import UserError
+from bwprune.generation.perplexity import evaluate_perplexity
 from bwprune.methods.base import Phase, PruningMethod, StepSparsity
 from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
-from bwprune.perplexity import evaluate_perplexity
 from tests.conftest import compose_cfg, method_from_conf, prepared, tiny_model
 
 TEXT = "The quick brown fox jumps over the lazy dog . " * 8  # 368 bytes = byte-tokenizer tokens

@@ -1,14 +1,14 @@
-"""A model with a method prepared on it (bwprune/prepared.py), as run.py and lm-eval both get it:
-the ledger and `before_prepare` see the model as loaded, the method prepares after them."""
+"""A model with a method prepared on it (bwprune/generation/prepared.py), as run.py and lm-eval both
+get it: the ledger and `before_prepare` see the model as loaded, the method prepares after them."""
 
 from pathlib import Path
 
 from omegaconf import OmegaConf
 from torch import nn
 
+from bwprune.generation.prepared import prepare_loaded
 from bwprune.generation.runner import SamplingConfig
 from bwprune.models.loading import load_model
-from bwprune.prepared import prepare_loaded
 from tests.conftest import CONF_DIR, compose_cfg
 
 

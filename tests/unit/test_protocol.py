@@ -87,9 +87,10 @@ def test_rows_that_leave_keep_their_totals_in_their_original_place():
 def test_records_and_report_import_no_torch():
     """Tables, rescoring and the W&B source run where no model does (and start fast)."""
     modules = (
-        "bwprune.records",
-        "bwprune.rescore",
-        "bwprune.selection",
+        "bwprune.runs.identity",
+        "bwprune.runs.recorder",
+        "bwprune.runs.rescore",
+        "bwprune.benchmarks.selection",
         "bwprune.report.tables",
         "bwprune.report.collect",
         "bwprune.report.figures",

@@ -1,11 +1,11 @@
-"""Provenance (bwprune/provenance.py): what `run.json` says about where a run's numbers came
+"""Provenance (bwprune/runs/provenance.py): what `run.json` says about where a run's numbers came
 from, and that a missing git or package makes a field empty rather than failing the run."""
 
 import subprocess
 
 import torch
 
-from bwprune import provenance as prov
+from bwprune.runs import provenance as prov
 
 
 def test_git_answers_in_a_work_tree_and_none_elsewhere(tmp_path):

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from bwprune.experiment import run
+from bwprune.generation.quality import binned_kl, dense_reference, forced_quality
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.models.adapters import adapter_for
-from bwprune.quality import binned_kl, dense_reference, forced_quality
 from tests.conftest import PROMPTS, chat, method_from_conf, prepared
 
 

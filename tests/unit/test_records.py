@@ -18,13 +18,14 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-import bwprune.records as records
+import bwprune.runs.recorder as records
 from bwprune.cli import PROBE_BYTES
 from bwprune.errors import UserError
 from bwprune.experiment import run
-from bwprune.records import RunRecorder, run_key
-from bwprune.rescore import rescore
-from bwprune.run_lock import LOCK_NAME, hold, holder
+from bwprune.runs.identity import run_key
+from bwprune.runs.recorder import RunRecorder
+from bwprune.runs.rescore import rescore
+from bwprune.runs.run_lock import LOCK_NAME, hold, holder
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny_llama", "limit=6", "batch_size=2"]
@@ -167,7 +168,7 @@ def test_a_last_line_cut_at_any_byte_is_dropped_with_one_log_line(tmp_path, capl
     for cut in range(1, len(last) - 1):  # len - 1: the whole row, only its newline missing
         path.write_bytes(b"".join(kept) + last[:cut])
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="bwprune.records"):
+        with caplog.at_level(logging.INFO, logger="bwprune.runs.recorder"):
             recorder.start(OmegaConf.create({}))
         assert [r.getMessage() for r in caplog.records] == [
             f"{path}: dropped its last line, cut short by an interrupted write ({cut} bytes); "
@@ -215,7 +216,7 @@ def test_a_run_torn_by_a_full_disk_resumes_and_rescore_says_one_line(cfg_factory
     assert rescored.stderr.strip().endswith("is not complete (no run.json); run its command "
                                             "again: it resumes the run and scores it with the "
                                             "current scorers")  # fmt: skip
-    with caplog.at_level(logging.WARNING, logger="bwprune.records"):
+    with caplog.at_level(logging.WARNING, logger="bwprune.runs.recorder"):
         resumed = run(cfg)
     assert len(caplog.records) == 1 and "cut short" in caplog.text
     assert resumed["metrics"]["n"] == 8

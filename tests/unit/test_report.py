@@ -8,14 +8,8 @@ from bwprune.errors import UserError
 from bwprune.experiment import run
 from bwprune.report.cells import largest_evaluations
 from bwprune.report.collect import _agreement, load_runs, method_variant
-from bwprune.report.tables import (
-    all_tables,
-    batch_table,
-    default_runs,
-    default_variants,
-    speed_table,
-    write_tables,
-)
+from bwprune.report.selection import default_runs, default_variants
+from bwprune.report.tables import all_tables, batch_table, speed_table, write_tables
 from tests.conftest import CONF_DIR, compose_cfg
 
 

@@ -6,9 +6,9 @@ import pytest
 
 from bwprune.errors import UserError
 from bwprune.experiment import run
-from bwprune.records import RunRecorder
 from bwprune.report.collect import load_runs
-from bwprune.shards import shard_batches
+from bwprune.runs.recorder import RunRecorder
+from bwprune.runs.shards import shard_batches
 from tests.conftest import compose_cfg
 
 

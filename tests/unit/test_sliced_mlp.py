@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from bwprune.hooks import HookSet
+from bwprune.methods.hooks import HookSet
 from bwprune.models.adapters import adapter_for
 from bwprune.models.sliced_mlp import SlicedMLP
 

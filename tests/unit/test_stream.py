@@ -18,12 +18,13 @@ from bwprune.config import validate
 from bwprune.errors import UserError
 from bwprune.experiment import run
 from bwprune.generation.runner import BatchedRunner, EngineConfig, Forcing, SamplingConfig
+from bwprune.generation.speed import measure_streaming, stream_lengths
 from bwprune.generation.stream import StreamRunner
 from bwprune.models.adapters import adapter_for
-from bwprune.records import RunRecorder, run_key
 from bwprune.report.speed_table import stream_line
 from bwprune.report.stream import static_runs, stream_pairs
-from bwprune.speed import measure_streaming, stream_lengths
+from bwprune.runs.identity import run_key
+from bwprune.runs.recorder import RunRecorder
 from tests.conftest import chat, kv_addresses, method_from_conf, prepared, tiny_model
 from tests.unit.test_engine import methods
 

@@ -13,7 +13,8 @@ import pytest
 import bwprune.generation.runner as runner_module
 from bwprune.experiment import run
 from bwprune.generation.stream import StreamRunner
-from bwprune.records import RunRecorder, run_key
+from bwprune.runs.identity import run_key
+from bwprune.runs.recorder import RunRecorder
 from tests.conftest import compose_cfg, small_calibration
 
 STREAM = ["model=tiny_llama", "limit=12", "batch_size=3", "generation.batching=continuous",

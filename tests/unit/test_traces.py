@@ -5,9 +5,9 @@ import torch
 
 from bwprune.engine.realized import combine
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
+from bwprune.generation.traces import StepTrace, activation_trace, refire_stats, sparsity_trace
 from bwprune.models.adapters import adapter_for
 from bwprune.report import figures
-from bwprune.traces import StepTrace, activation_trace, refire_stats, sparsity_trace
 from tests.conftest import PROMPTS, chat, method_from_conf, prepared, tiny_model
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bwprune.experiment import run
-from bwprune.tracking import running_metrics, summary_metrics, wandb_run_id
+from bwprune.runs.tracking import running_metrics, summary_metrics, wandb_run_id
 from tests.conftest import interrupt_generation
 
 TINY = ["model=tiny_llama", "limit=6", "batch_size=2", "generation.max_new_tokens=8"]
@@ -140,7 +140,7 @@ def test_a_key_without_a_reachable_server_falls_back_to_offline_at_once(
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
     start = time.monotonic()
-    with caplog.at_level("WARNING", logger="bwprune.tracking"):
+    with caplog.at_level("WARNING", logger="bwprune.runs.tracking"):
         run(cfg_factory(*TINY, "logger=wandb", "logger.mode=auto", "logger.connect_timeout_s=2"))
     assert time.monotonic() - start < 60
     assert "not reachable within 2 s; logging offline" in caplog.text

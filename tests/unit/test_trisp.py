@@ -14,13 +14,13 @@ from baselines.trisp import TriSP, load_pruned, save_pruned
 from baselines.trisp.calibrate import collect_statistics, next_token_loss
 from baselines.trisp.prune import prune_layer, record_structure
 from baselines.trisp.scores import channel_scores, plan_pruning, standardize, unit_costs
-from bwprune.calibration import calibration_windows
 from bwprune.config import build_method
 from bwprune.engine.ledger import SparsityLedger
 from bwprune.errors import UserError
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
+from bwprune.methods.calibration import calibration_windows
 from bwprune.models.adapters import adapter_for
-from bwprune.records import method_name
+from bwprune.runs.identity import method_name
 from tests.conftest import (
     PROMPTS,
     TINY_MODELS,

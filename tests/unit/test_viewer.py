@@ -14,10 +14,11 @@ import pytest
 
 from bwprune.errors import UserError
 from bwprune.experiment import run
-from bwprune.records import RunRecorder, run_key
 from bwprune.report.divergence import first_divergence
 from bwprune.report.viewer import RunFolder, find_dense_run, write_view
-from bwprune.summary import summarize
+from bwprune.runs.identity import run_key
+from bwprune.runs.recorder import RunRecorder
+from bwprune.runs.summary import summarize
 from tests.conftest import compose_cfg
 
 ROOT = Path(__file__).resolve().parents[2]

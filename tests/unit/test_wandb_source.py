@@ -17,7 +17,7 @@ from bwprune.errors import UserError
 from bwprune.experiment import run
 from bwprune.report.collect import load_runs
 from bwprune.report.wandb_source import download_runs, report_config, runs_dir
-from bwprune.tracking import RUN_FILES, RUN_FILES_DIR
+from bwprune.runs.tracking import RUN_FILES, RUN_FILES_DIR
 from tests.conftest import CONF_DIR, compose_cfg
 
 TINY = ["model=tiny_llama", "limit=2", "generation.max_new_tokens=8", "batch_size=2"]

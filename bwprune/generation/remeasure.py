@@ -17,15 +17,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from bwprune.benchmarks.base import Benchmark
 from bwprune.config import build, build_method
-from bwprune.cost_target import with_rho
 from bwprune.errors import UserError
+from bwprune.generation.cost_target import with_rho
 from bwprune.generation.evaluate import paired_timing
+from bwprune.generation.prepared import prepare_model
 from bwprune.generation.prompts import batch_prompts
 from bwprune.generation.runner import SamplingConfig
-from bwprune.prepared import prepare_model
-from bwprune.provenance import provenance
-from bwprune.records import RunRecorder, batch_keys
-from bwprune.rescore import resummarize
+from bwprune.runs.provenance import provenance
+from bwprune.runs.recorder import RunRecorder, batch_keys
+from bwprune.runs.rescore import resummarize
 
 
 def remeasure(run_dir: str | Path, current: DictConfig) -> dict:

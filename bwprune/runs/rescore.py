@@ -14,10 +14,11 @@ from omegaconf import DictConfig, OmegaConf
 from bwprune.benchmarks.base import Benchmark
 from bwprune.config import build
 from bwprune.errors import UserError
-from bwprune.pairing import time_to_answer_vs_dense
-from bwprune.provenance import provenance
-from bwprune.records import RunRecorder, target_sparsity
-from bwprune.summary import summarize
+from bwprune.runs.identity import target_sparsity
+from bwprune.runs.pairing import time_to_answer_vs_dense
+from bwprune.runs.provenance import provenance
+from bwprune.runs.recorder import RunRecorder
+from bwprune.runs.summary import summarize
 
 
 def rescore(run_dir: str | Path) -> dict:

@@ -2,7 +2,7 @@
 
 A resumed run, merged shards and a rescored run get their metrics here, from the rows on disk, so
 the metrics never depend on what a process held in memory. Which rows are a consistent record is
-`bwprune.records`' business; this module imports no torch and reads no file.
+`bwprune.runs.recorder`'s business; this module imports no torch and reads no file.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import statistics
 from collections import Counter
 
 from bwprune.engine.realized import combine
-from bwprune.speedup import paired_speedup
+from bwprune.runs.speedup import paired_speedup
 
 
 def pass_at_1(samples: list[dict]) -> float:
@@ -33,12 +33,12 @@ def summarize(
 ) -> dict:
     """`run.json` metrics from the per-sample and per-batch records.
 
-    `n`, `correct`, `unscorable` count sample rows; `accuracy` is pass@1 over `problems`.
-    Per problem: tokens generated and decode seconds (what a user waits on, with
-    `decode_iterations`, the decode loop's steps, which time-to-answer compares with dense's);
-    `speedup`: the paired speedup over dense when batches were timed (`bwprune.speedup`). `cost`
-    is a matched-cost run's search (`bwprune.cost_target`): its chosen ρ is the run's target, and
-    it is recorded whole under `cost`.
+    `n`, `correct`, `unscorable` count sample rows; `accuracy` is pass@1 over `problems`. Per
+    problem: tokens generated and decode seconds (what a user waits on, with `decode_iterations`,
+    the decode loop's steps, which time-to-answer compares with dense's); `speedup`: the paired
+    speedup over dense when batches were timed (`bwprune.runs.speedup`). `cost` is a matched-cost
+    run's search (`bwprune.generation.cost_target`): its chosen ρ is the run's target, and it is
+    recorded whole under `cost`.
     """
     n = len(samples)
     correct = sum(1 for s in samples if s["correct"] is True)

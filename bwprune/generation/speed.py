@@ -5,8 +5,8 @@ every repeat (A B C, C B A, ...) so drift hits all of them alike; every generati
 exactly `new_tokens` tokens (no early EOS) so every method does the same work. Speedups are taken
 pair by pair against dense within a repeat, then the median and range over repeats are reported.
 
-The bound (`bwprune.speedup`): a decode step reads every weight once, so skipping parameters can
-at best speed a step up by bytes(dense) / bytes(kept). For a scheduled method (dense and sparse
+The bound (`bwprune.runs.speedup`): a decode step reads every weight once, so skipping parameters
+can at best speed a step up by bytes(dense) / bytes(kept). For a scheduled method (dense and sparse
 steps mixed) the ideal is 1 / (f_dense + f_sparse / r), with r either that bound or the measured
 sparse-step speedup. The trials are timed and alternated by the same code as a run's paired timing
 (`bwprune.generation.paired`). This module imports neither Hydra nor OmegaConf, so it runs where
@@ -37,7 +37,7 @@ from bwprune.generation.stream import StreamRunner
 from bwprune.generation.timing import alternate
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import ModelAdapter
-from bwprune.speedup import schedule_ideal, sparse_step_bound, spread
+from bwprune.runs.speedup import schedule_ideal, sparse_step_bound, spread
 
 HF_GENERATE = "hf_generate"  # label of the reference: transformers' own generate loop, dense
 T = TypeVar("T")

@@ -26,16 +26,17 @@ from dataclasses import asdict, dataclass
 from omegaconf import DictConfig, OmegaConf
 
 from bwprune.benchmarks.base import Benchmark, Example
+from bwprune.benchmarks.selection import select_examples, work_items
 from bwprune.config import build_method
 from bwprune.engine.realized import combine
 from bwprune.errors import UserError, choices_error
+from bwprune.generation.prepared import prepare_loaded
 from bwprune.generation.prompts import batch_prompts
 from bwprune.generation.runner import SamplingConfig
 from bwprune.models.loading import load_model
-from bwprune.prepared import prepare_loaded
-from bwprune.records import RunRecorder, method_name
-from bwprune.selection import select_examples, work_items
-from bwprune.shards import shard_batches
+from bwprune.runs.identity import method_name
+from bwprune.runs.recorder import RunRecorder
+from bwprune.runs.shards import shard_batches
 
 log = logging.getLogger(__name__)
 

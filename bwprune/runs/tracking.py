@@ -20,8 +20,9 @@ from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
-from bwprune.records import RunRecorder, target_sparsity
-from bwprune.summary import summarize
+from bwprune.runs.identity import target_sparsity
+from bwprune.runs.recorder import RunRecorder
+from bwprune.runs.summary import summarize
 
 log = logging.getLogger(__name__)
 

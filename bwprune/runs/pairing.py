@@ -11,8 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from bwprune.records import ENGINE_KEYS, LATE_OPTIONS
-from bwprune.speedup import time_to_answer
+from bwprune.runs.identity import ENGINE_KEYS, LATE_OPTIONS
+from bwprune.runs.speedup import time_to_answer
 
 # What must match for a dense run to be a method run's reference.
 PAIRING = ("benchmark", "model", "batch_size", "seed", "limit", "subset", "generation")
@@ -49,8 +49,8 @@ def matching_dense_runs(run_dir: str | Path, cfg: dict) -> list[Path]:
 
 
 def time_to_answer_vs_dense(run_dir: str | Path, cfg: dict, metrics: dict) -> float | None:
-    """`bwprune.speedup.time_to_answer` against the matching dense run (None: there is none yet,
-    or the run has no paired speedup)."""
+    """`bwprune.runs.speedup.time_to_answer` against the matching dense run (None: there is none
+    yet, or the run has no paired speedup)."""
     found = matching_dense_runs(run_dir, cfg)
     if not found or not metrics.get("speedup"):
         return None

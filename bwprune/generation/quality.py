@@ -21,11 +21,11 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from bwprune.benchmarks.base import Example
+from bwprune.generation.prepared import PreparedModel
 from bwprune.generation.prompts import batch_prompts
 from bwprune.generation.runner import BatchedRunner, Forcing, SamplingConfig
 from bwprune.generation.stream import StreamRunner
 from bwprune.methods.base import PruningMethod
-from bwprune.prepared import PreparedModel
 
 
 @dataclass

@@ -18,9 +18,10 @@ from typing import TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from bwprune.records import RunRecorder, run_key, target_sparsity
-from bwprune.summary import summarize
-from bwprune.tracking import make_tracker
+from bwprune.runs.identity import run_key, target_sparsity
+from bwprune.runs.recorder import RunRecorder
+from bwprune.runs.summary import summarize
+from bwprune.runs.tracking import make_tracker
 
 log = logging.getLogger(__name__)
 Item = TypeVar("Item")

@@ -1,7 +1,7 @@
 """Which (problem, sample) pairs a run generates: the `subset`, the `limit`, samples per problem.
 
-Sharding comes after, over whole batches (`bwprune.shards`), so a shard's batches are batches of
-the unsharded run. Nothing here loads a model.
+Sharding comes after, over whole batches (`bwprune.runs.shards`), so a shard's batches are batches
+of the unsharded run. Nothing here loads a model.
 """
 
 from __future__ import annotations

@@ -26,13 +26,13 @@ from omegaconf import DictConfig
 from bwprune.config import build, build_method, compose_config
 from bwprune.engine.ledger import SparsityLedger
 from bwprune.errors import UserError
+from bwprune.generation.prepared import PreparedModel, prepare_model
 from bwprune.generation.prompts import render_prompt
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
-from bwprune.hooks import HookSet
 from bwprune.methods.base import StepSparsity
+from bwprune.methods.hooks import HookSet
 from bwprune.models.adapters import ModelAdapter
-from bwprune.prepared import PreparedModel, prepare_model
-from bwprune.provenance import provenance
+from bwprune.runs.provenance import provenance
 
 log = logging.getLogger(__name__)
 
