@@ -27,8 +27,8 @@ run: $(STAMP)  ## the main job: SmolLM2-135M, dense, 8 GSM8K problems, batch 4 -
 test: $(STAMP)  ## the whole test suite, slow and integration tests included (what CI runs)
 	$(PY) -m pytest -q $(ARGS)
 
-test-fast: $(STAMP)  ## unit tests only (skips tests marked slow)
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+test-fast: $(STAMP)  ## unit and contract tests not marked slow (no subprocess, notebook or results check)
+	$(PY) -m pytest -q -m "not slow" tests/unit tests/contract $(ARGS)
 
 lint: $(STAMP)  ## ruff lint + format check
 	$(PY) -m ruff check .

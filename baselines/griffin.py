@@ -32,8 +32,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from bwprune.errors import choices_error
-from bwprune.methods.base import check_sparsity
+from bwprune.errors import check_sparsity, choices_error
 from bwprune.methods.neuron_scores import AGGREGATES, aggregate, kept_count, topk_index
 from bwprune.methods.neuron_set import NeuronSetMethod, PhaseScores
 from bwprune.models.adapters import ModelAdapter

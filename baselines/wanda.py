@@ -32,8 +32,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from bwprune.errors import UserError
-from bwprune.methods.base import PruningMethod, StepContext, StepSparsity, check_sparsity
+from bwprune.errors import UserError, check_sparsity
+from bwprune.methods.base import PruningMethod, StepContext, StepSparsity
 from bwprune.methods.calibrated import LayerStream, calibration_artifact
 from bwprune.methods.hooks import HookSet
 from bwprune.models.adapters import ModelAdapter

@@ -14,7 +14,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from bwprune.errors import UserError, choices_error
+from bwprune.errors import UserError, check_sparsity, choices_error
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -49,8 +49,7 @@ def validate(cfg: DictConfig) -> None:
         value, integer = OmegaConf.select(cfg, key), key in INTEGERS
         if not (_is_number(value, integer) or (key in NULLABLE and value is None)):
             raise UserError(f"{key}={value!r} must be {'an integer' if integer else 'a number'}")
-    if not 0.0 <= cfg.sparsity < 1.0:
-        raise UserError(f"sparsity={cfg.sparsity} is outside [0, 1)")
+    check_sparsity(cfg.sparsity)
     if cfg.batch_size < 1:
         raise UserError(f"batch_size={cfg.batch_size} must be >= 1")
     if cfg.limit is not None and cfg.limit < 1:

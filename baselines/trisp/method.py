@@ -18,8 +18,8 @@ from baselines.trisp.calibrate import collect_statistics
 from baselines.trisp.lora import LoraSettings, merge_lora, train_lora
 from baselines.trisp.prune import prune_layer, record_structure, save_pruned
 from baselines.trisp.scores import SCORES, ZSCORES, plan_pruning
-from bwprune.errors import UserError, choices_error
-from bwprune.methods.base import PruningMethod, StepContext, StepSparsity, check_sparsity
+from bwprune.errors import UserError, check_sparsity, choices_error
+from bwprune.methods.base import PruningMethod, StepContext, StepSparsity
 from bwprune.methods.calibration import artifact_dir, cached_tensors, calibration_windows
 from bwprune.models.adapters import ModelAdapter
 

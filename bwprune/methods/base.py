@@ -31,7 +31,6 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from bwprune.errors import UserError
 from bwprune.models.adapters import ModelAdapter
 
 
@@ -123,12 +122,6 @@ class Tokens:
     counts: torch.Tensor  # (N,) bool
     position: torch.Tensor | None = None  # (N,) int64, PREFILL only
     length: torch.Tensor | None = None  # (N,) int64, PREFILL only
-
-
-def check_sparsity(sparsity: float) -> None:
-    """ρ in [0, 1): every method's target is a fraction of something dropped, never all of it."""
-    if not 0.0 <= sparsity < 1.0:
-        raise UserError(f"sparsity={sparsity} is outside [0, 1)")
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from bwprune.errors import UserError, choices_error
-from bwprune.methods.base import StepContext, check_sparsity
+from bwprune.errors import UserError, check_sparsity, choices_error
+from bwprune.methods.base import StepContext
 from bwprune.methods.calibrated import LayerStream, calibration_artifact
 from bwprune.methods.hooks import HookSet
 from bwprune.methods.neuron_scores import (

@@ -22,15 +22,8 @@ from typing import ClassVar
 
 import torch
 
-from bwprune.errors import UserError, choices_error
-from bwprune.methods.base import (
-    Phase,
-    PruningMethod,
-    StepContext,
-    StepSparsity,
-    Tokens,
-    check_sparsity,
-)
+from bwprune.errors import UserError, check_sparsity, choices_error
+from bwprune.methods.base import Phase, PruningMethod, StepContext, StepSparsity, Tokens
 from bwprune.methods.neuron_scores import AGGREGATES, aggregate
 
 # The hidden states a threshold method may name, as every host finds them in a decoder layer:

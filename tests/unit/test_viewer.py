@@ -6,14 +6,11 @@ positions; a real tiny run with `quality.traces` checks the whole path.
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from bwprune.errors import UserError
-from bwprune.experiment import run
 from bwprune.report.divergence import first_divergence
 from bwprune.report.viewer import RunFolder, find_dense_run, write_view
 from bwprune.runs.identity import run_key
@@ -106,33 +103,6 @@ def test_no_matching_dense_run_is_one_clear_error(tmp_path):
         write_view(pruned)
     with pytest.raises(UserError, match=r"is not a run folder \(no config.yaml\)"):
         write_view(tmp_path)
-
-
-@pytest.mark.slow
-def test_view_of_a_real_tiny_run_with_traces(tmp_path):
-    """End to end through `scripts/view.py`: default output path, traces with their tokens."""
-    common = [*TINY, "generation.max_new_tokens=24", "quality.enabled=true",
-              "quality.max_tokens=12", "quality.traces=true"]  # fmt: skip
-    run(compose_cfg([*common, "method=dense"], tmp_path))
-    record = run(compose_cfg([*common, "method=ours", "method.t_init=2"], tmp_path))
-    folder = tmp_path / "runs" / record["run_key"]
-    out = subprocess.run(
-        [sys.executable, "scripts/view.py", str(folder)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    page = tmp_path / "views" / f"{record['run_key']}.html"
-    assert f"wrote {page}" in out
-    data = page_json(page)
-    assert data["scale"]["kl"] > 0 and len(data["rows"]) == 4
-    for row in data["rows"]:
-        assert len(row["trace"]["kl"]) == len(row["trace"]["pieces"]) <= 12
-        if row["diverges_at"] is not None:  # the grey prefix is truly shared
-            start = row["pruned_span"][0]
-            assert start == row["dense_span"][0]
-            assert row["pruned"]["text"][:start] == row["dense"]["text"][:start]
 
 
 def test_the_header_shows_the_run_s_paired_speedup_never_two_runs_tokens_per_s(hand_made, tmp_path):
