@@ -119,7 +119,7 @@ def test_run_key_does_not_depend_on_the_checkout(monkeypatch, tmp_path):
     key = run_key(compose_cfg([]))
     fake = tmp_path / "elsewhere" / "bwprune" / "data"
     monkeypatch.setattr(config_module, "package_data_dir", lambda: str(fake))
-    import bwprune.runs.recorder as records
+    import bwprune.runs.identity as identity
 
-    monkeypatch.setattr(records, "package_data_dir", lambda: str(fake))
+    monkeypatch.setattr(identity, "package_data_dir", lambda: str(fake))
     assert run_key(compose_cfg([f"paths.data_dir={fake}"])) == key

@@ -8,11 +8,12 @@ from torch import nn
 
 from bwprune.generation.prepared import prepare_loaded
 from bwprune.generation.runner import SamplingConfig
+from bwprune.methods.base import PruningMethod
 from bwprune.models.loading import load_model
 from tests.conftest import CONF_DIR, compose_cfg
 
 
-class HalvesLayer0Up:
+class HalvesLayer0Up(PruningMethod):
     """A static method: `prepare` drops half of layer 0's up-projection rows (its shape only)."""
 
     def __init__(self) -> None:

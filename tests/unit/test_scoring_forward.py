@@ -5,7 +5,6 @@ forward once for each row that has a token."""
 import torch
 
 from baselines.dense import Dense
-from bwprune.engine.ledger import SparsityLedger
 from bwprune.engine.protocol import MethodDriver
 from bwprune.generation.prompts import left_pad
 from bwprune.generation.scoring_forward import score_forward
@@ -15,7 +14,7 @@ from tests.conftest import tiny_model
 
 def test_a_padded_row_scores_what_it_scores_alone_and_each_row_is_measured_once():
     model, tok = tiny_model("tiny_llama")
-    driver = MethodDriver(Dense(), SparsityLedger(adapter_for(model), torch.device("cpu")))
+    driver = MethodDriver(Dense(), model, adapter_for(model))
     rows = [[40, 41, 42, 43, 44, 45], [50, 51, 52], []]
     ids, attn = left_pad(rows, tok.pad_token_id)
     logits, ledger = score_forward(driver, model, ids, attn)
