@@ -7,9 +7,9 @@ flat, `(N, D)` with the row (slot) each token belongs to (`Tokens`) — and appl
 returns: a kept neuron set per layer, or a keep mask per token. Only
 `bwprune.engine.protocol.MethodDriver` drives a method, in this order:
 
-    prepare                                  once: calibration, static weight pruning
+    setup(shape), prepare                    once: the model's shape; calibration, static pruning
     rows(RowsStart(B))                       a generation starts with B rows in slots 0..B-1
-      begin(ctx) -> forward -> end(ctx)      every forward; `end` says what it skipped
+      begin_step(ctx) -> forward -> end_step(ctx)   every forward; `end_step`: what it skipped
       rows(RowsGathered(index))              live-row compaction: only slots `index` go on
       rows(RowsLeft(slots))                  a stream: rows finished; their slots are empty
       rows(RowsEntered(slots))               a stream: new rows took the empty slots; the next
@@ -18,7 +18,7 @@ returns: a kept neuron set per layer, or a keep mask per token. Only
 The base classes keep the plumbing (which slots hold a row, when each arrived, per-slot state
 that follows compaction) and seal it: the hooks they implement as templates are listed in
 `sealed`, and a subclass that overrides one fails at class creation, naming the hook meant for
-it. A method author overrides at most four hooks (README, "Writing a method").
+it. A method author overrides at most four hooks (README, "Adding a pruning method").
 """
 
 from __future__ import annotations

@@ -21,8 +21,11 @@ NON_IDENTITY_KEYS = (
 )  # fmt: skip
 # How the decode loop runs, never what it computes (tested token for token): not identity.
 ENGINE_KEYS = ("kv_cache", "compile", "compile_backend", "compaction")
-# Options added after runs were recorded: in a run's identity only when set away from their
-# default, so adding one does not re-key (and so re-run) every recorded run.
+# Options added after runs were recorded: in a run's identity only when set away from the value
+# the runs recorded before them behaved as, so adding one does not re-key (and so re-run) every
+# recorded run. These are facts about old runs, not the options' defaults (which live in the yaml
+# only): were they read from the yaml, a later change of default would give new runs the keys of
+# old runs that computed something else.
 LATE_OPTIONS = {
     ("quality", "traces"): False,
     ("generation", "batch_invariant"): False,
