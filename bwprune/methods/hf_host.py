@@ -37,11 +37,13 @@ def site(adapter: ModelAdapter, layer: int, name: str) -> tuple[nn.Module, str, 
     }[name]
 
 
-def flat_tokens(ctx: StepContext, valid: torch.Tensor, slots: torch.Tensor | None) -> Tokens:
-    """The tokens of a forward over (B, T) `valid`; row b of the forward is slot `slots[b]`."""
+def flat_tokens(
+    ctx: StepContext, valid: torch.Tensor, slots: torch.Tensor | None, every: torch.Tensor
+) -> Tokens:
+    """The tokens of a forward over (B, T) `valid`; row b of the forward is slot `slots[b]`;
+    `every` is arange(B) (a decode step's rows, allocated once per batch size)."""
     if ctx.phase is Phase.DECODE:
-        rows = torch.arange(valid.shape[0], device=valid.device)
-        return Tokens(rows if slots is None else slots, valid[:, -1])
+        return Tokens(every if slots is None else slots, valid[:, -1])
     b, _ = valid.nonzero(as_tuple=True)
     position = valid.cumsum(dim=1)[valid] - 1
     length = valid.sum(dim=1)[b]
@@ -56,6 +58,8 @@ class HFHost:
         self.method = method
         self.sliced: list[SlicedMLP] = []  # kept across attaches: their gather buffers too
         self._applied: list[torch.Tensor | None] = []
+        self._glued = False  # is glue on the model (else a forward needs no tokens)
+        self._every: dict[tuple, torch.Tensor] = {}  # (B, device) -> arange(B)
 
     def attach(self, model: nn.Module, adapter: ModelAdapter) -> HookSet:
         """Install the family's glue; everything is undone when the returned set exits."""
@@ -64,13 +68,22 @@ class HFHost:
             self._attach_neuron_set(hooks, adapter)
         elif isinstance(self.method, ThresholdMethod) and self.method.active:
             self._attach_thresholds(hooks, adapter)
+        else:
+            return hooks  # nothing to glue: forwards need no tokens
+        self._glued = True
+        hooks.on_close(lambda: setattr(self, "_glued", False))
         return hooks
 
     def begin(self, ctx: StepContext, valid: torch.Tensor, slots: torch.Tensor | None) -> None:
         """Before a forward (after the method's `begin_step`): its tokens, and the kept sets the
         method chose put into the MLPs. `slots`: the slot of each row the forward runs."""
+        if not self._glued:
+            return
         self._valid, self._phase = valid, ctx.phase
-        self._tokens = flat_tokens(ctx, valid, slots)
+        key = (valid.shape[0], valid.device)
+        if key not in self._every:
+            self._every[key] = torch.arange(valid.shape[0], device=valid.device)
+        self._tokens = flat_tokens(ctx, valid, slots, self._every[key])
         if self.sliced:
             for i, (s, index) in enumerate(zip(self.sliced, self.method.kept)):
                 if index is not self._applied[i]:

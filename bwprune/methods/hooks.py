@@ -40,6 +40,10 @@ class HookSet:
         self._undo.append(lambda: setattr(parent, name, old))
         return old
 
+    def on_close(self, undo: Callable[[], None]) -> None:
+        """Run `undo` when the set closes, in reverse order with the other changes."""
+        self._undo.append(undo)
+
     def close(self) -> None:
         while self._undo:
             self._undo.pop()()
