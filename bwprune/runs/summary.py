@@ -18,7 +18,7 @@ def pass_at_1(samples: list[dict]) -> float:
     """Mean over problems of the fraction of their samples that are correct (unscorable = wrong).
 
     With one sample per problem this is plain accuracy; with n it is the unbiased pass@1 estimate
-    (shared/research/baselines.md §6.5).
+    (docs/paper-notes.md#answer-checking).
     """
     per_problem: dict[int, list[bool]] = {}
     for s in samples:

@@ -1,7 +1,7 @@
 """Where a math completion states its answer, and whether it finished stating it.
 
 A careful grader reads an answer only where the completion commits to one, in this order (Qwen2.5-
-Math's `extract_answer` order, shared/research/baselines.md §6.3):
+Math's `extract_answer` order, docs/paper-notes.md#answer-checking):
 1. the last `\\boxed{}`; it must close: a box cut off by the token limit is not an answer;
 2. else the expression after the last answer cue ("the answer is", "Answer:", "####": lm-eval's
    gsm8k-cot strict filter); when the token limit cut it, it must have reached a sentence end;

@@ -1,6 +1,6 @@
 """Scoring of multiple-choice answers (GPQA): the letter of the last answer statement, no guess.
 
-The prompt asks for a last line `Answer: X` (simple-evals, shared/research/baselines.md §6.6). Two
+The prompt asks for a last line `Answer: X` (simple-evals, docs/paper-notes.md#answer-checking). Two
 extractions (`benchmark.letter_extraction`):
 - `strict`: only the last `Answer: X` or `\\boxed{X}` in the answer part;
 - `lenient`: also an answer stated in words, "The answer is C.", "The correct option is (C).",

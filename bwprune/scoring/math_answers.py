@@ -1,6 +1,6 @@
 """Scoring of math answers: a pure function of (completion, gold, finish reason), for rescoring.
 
-Equivalence is math-verify's (huggingface/Math-Verify, shared/research/baselines.md §6.6),
+Equivalence is math-verify's (huggingface/Math-Verify, docs/paper-notes.md#answer-checking),
 `verify(gold, pred)`, gold first. Where the answer is read from is answer_span.py's rule: the last
 `\\boxed{}` (read alone: math-verify would merge several boxes into a set), else an answer cue's
 expression, else the last expression of a completion that ended on its own. Both sides are first
