@@ -216,21 +216,32 @@ def test_the_hf_host_and_a_host_free_harness_decide_alike(name, extra, calibrati
     """The HF host flattens padded (B, T, D) batches for the method; the harness hands a fresh,
     identically prepared method the same run's tokens itself, row by row and without the
     finished rows (as vLLM would). Kept sets, keep masks and what each forward skipped must be
-    the same at every forward: prompts, padding, a row that stops early, and every phase of
-    ours' schedule."""
+    the same at every forward: prompts, padding, a row that stops early, every phase of ours'
+    schedule, and a stream's rows leaving and entering their slots."""
     overrides = [*calibration_overrides, *extra]
     s = Setup(name, overrides)
-    recordings: list[Recording] = []
-    s.run(
-        PROMPTS,
-        [STEPS, 5],
-        engine=EngineConfig(compaction=False),
-        inside=lambda driver: recordings.append(Recording(driver, s.adapter)) or recordings[0],
-    )
-    compared = replay(Setup(name, overrides).method, recordings[0])
     decides = isinstance(s.method, NeuronSetMethod) or (
         isinstance(s.method, ThresholdMethod) and s.method.active
     )
+    static: list[Recording] = []
+
+    def record(driver: MethodDriver) -> Recording:
+        static.append(Recording(driver, s.adapter))
+        return static[0]
+
+    s.run(PROMPTS, [STEPS, 5], engine=EngineConfig(compaction=False), inside=record)
+    compared = replay(Setup(name, overrides).method, static[0])
+    assert compared >= STEPS if decides else compared == 0
+
+    runner = BatchedRunner(s.model, s.tok, s.method, s.adapter, SamplingConfig(STEPS),
+                           ledger=s.ledger)  # fmt: skip
+    lengths = [STEPS, 5, 11, 3, 17]
+    forced = [continuation(p)[:n] for p, n in zip(STREAM, lengths)]
+    with Recording(runner.driver, s.adapter) as stream:
+        StreamRunner(runner, 2).run([torch.tensor(p) for p in STREAM], lambda *_: None,
+                                    forced=forced)  # fmt: skip
+    assert any(f.entering is not None and len(f.entering) < 2 for f in stream.forwards)
+    compared = replay(Setup(name, overrides).method, stream)
     assert compared >= STEPS if decides else compared == 0
 
 
