@@ -6,7 +6,7 @@ method generates one of a run's first batches, both sides are timed here, in thi
 same prompts and the same decode steps per row: teacher-forced on the method's own completions (the
 method then prunes exactly as it did while generating), alternated, after warm-up. The ratios are
 summarized by `bwprune.runs.speedup`; `bwprune.generation.speed` (`make bench`) times through the
-same `timed_generation` and `alternate`.
+same `alternate`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from bwprune.engine.ledger import SparsityLedger
-from bwprune.generation.runner import BatchedRunner, BatchTiming, Completion, Forcing
+from bwprune.generation.runner import BatchedRunner, Completion, Forcing
 from bwprune.generation.timing import alternate
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import ModelAdapter, adapter_for
@@ -36,18 +36,6 @@ def weight_bytes(model: nn.Module) -> dict:
     if model.get_output_embeddings().weight is not embedding:
         read -= embedding.numel() * embedding.element_size()
     return {"read": read, "params": every}
-
-
-def timed_generation(
-    runner: BatchedRunner,
-    adapter: ModelAdapter,
-    ids: torch.Tensor,
-    attn: torch.Tensor,
-    forced: Forcing | None = None,
-) -> tuple[list[Completion], BatchTiming]:
-    """One timed generation with the runner's method attached (and detached afterwards, so the
-    next trial in an alternation may be another method on the same model)."""
-    return runner.generate_tokens(ids, attn, forced=forced)
 
 
 def own_forcing(completions: Sequence[Completion], pad_id: int, device: torch.device) -> Forcing:
@@ -81,11 +69,11 @@ class PairedTiming:
     ) -> None:
         """`dense_model`: the runner's own model when the method leaves the weights alone, else
         the model as loaded, loaded once more."""
-        self.runner, self.adapter, self.settings = runner, adapter, settings
-        self.dense_adapter = adapter if dense_model is runner.model else adapter_for(dense_model)
+        self.runner, self.settings = runner, settings
+        dense_adapter = adapter if dense_model is runner.model else adapter_for(dense_model)
         self.dense = BatchedRunner(
-            dense_model, runner.tokenizer, PruningMethod(), self.dense_adapter, runner.sampling,
-            ledger=SparsityLedger(self.dense_adapter, runner.device), engine=runner.engine,
+            dense_model, runner.tokenizer, PruningMethod(), dense_adapter, runner.sampling,
+            ledger=SparsityLedger(dense_adapter, runner.device), engine=runner.engine,
             batch_invariant=runner.batch_invariant,
         )  # fmt: skip
         self.weight_bytes = weight_bytes(dense_model)
@@ -95,16 +83,17 @@ class PairedTiming:
         seconds; the weight bytes the bound needs; what the timing cost in wall seconds."""
         start = time.perf_counter()
         forced = own_forcing(completions, self.runner.pad_id, self.runner.device)
-        sides = {"method": (self.runner, self.adapter), "dense": (self.dense, self.dense_adapter)}
+        sides = {"method": self.runner, "dense": self.dense}
         trials = {
-            side: partial(_trial, runner, adapter, ids, attn, forced)
-            for side, (runner, adapter) in sides.items()
+            side: partial(_trial, runner, ids, attn, forced) for side, runner in sides.items()
         }
         results = alternate(trials, self.settings.repeats, self.settings.warmup)
         return {**results, "weight_bytes": self.weight_bytes,
                 "overhead_s": time.perf_counter() - start}  # fmt: skip
 
 
-def _trial(runner, adapter, ids, attn, forced) -> dict:
-    _, timing = timed_generation(runner, adapter, ids, attn, forced)
+def _trial(runner: BatchedRunner, ids, attn, forced: Forcing) -> dict:
+    """One timed generation (the runner attaches its method for it and detaches it after, so
+    the next trial may be another method on the same model)."""
+    _, timing = runner.generate_tokens(ids, attn, forced=forced)
     return {"prefill_s": timing.prefill_s, "decode_s": timing.decode_s}

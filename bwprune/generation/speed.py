@@ -25,7 +25,7 @@ from torch import nn
 
 from bwprune.engine.ledger import SparsityLedger
 from bwprune.engine.realized import combine
-from bwprune.generation.paired import timed_generation, weight_bytes
+from bwprune.generation.paired import weight_bytes
 from bwprune.generation.runner import (
     BatchedRunner,
     BatchTiming,
@@ -95,8 +95,7 @@ def measure(
         ids = torch.randint(3, min(tokenizer.vocab_size, 1000), (batch, prompt_len), generator=gen)
         ids, attn = ids.to(device), torch.ones(batch, prompt_len, dtype=torch.long, device=device)
         trials: dict[str, Callable[[], dict]] = {
-            label: partial(_run_once, runner, adapter, ids, attn)
-            for label, runner in runners.items()
+            label: partial(_run_once, runner, ids, attn) for label, runner in runners.items()
         }
         if with_hf_generate:
             trials[HF_GENERATE] = partial(_time_hf_generate, model, ids, new_tokens)
@@ -139,8 +138,8 @@ def _label(method: str, engine: str) -> str:
     return method if engine == "eager" else f"{method}@{engine}"
 
 
-def _run_once(runner: BatchedRunner, adapter: ModelAdapter, ids, attn) -> dict:
-    completions, timing = timed_generation(runner, adapter, ids, attn)
+def _run_once(runner: BatchedRunner, ids, attn) -> dict:
+    completions, timing = runner.generate_tokens(ids, attn)
     sparsity = combine(c.sparsity for c in completions)
     return {
         "prefill_s": timing.prefill_s,

@@ -57,7 +57,7 @@ class StepTrace(SparsityLedger):
         self.per_step.append(float((s @ self.d_ff).mean() / self.d_ff.sum()))
 
 
-def sparsity_trace(runner: BatchedRunner, adapter: ModelAdapter, prompts: list[str]) -> list[float]:
+def sparsity_trace(runner: BatchedRunner, prompts: list[str]) -> list[float]:
     """Per-decode-step FFN sparsity of one batch; `runner.ledger` must be a `StepTrace`."""
     if not isinstance(runner.ledger, StepTrace):
         raise TypeError("sparsity_trace needs a runner built with a StepTrace ledger")
@@ -175,7 +175,7 @@ def sparsity_steps_record(cfg: DictConfig, examples: list, config) -> dict:
         mcfg = config(f"method={method}")
         runner, p = _traced_runner(mcfg, s.new_tokens, ignore_eos=True)
         prompts = [render_prompt(p.tokenizer, mcfg.model, e.question) for e in batch]
-        per_method[method] = [round(v, 5) for v in sparsity_trace(runner, p.adapter, prompts)]
+        per_method[method] = [round(v, 5) for v in sparsity_trace(runner, prompts)]
         mean = sum(per_method[method]) / max(1, len(per_method[method]))
         log.info("%s: mean FFN sparsity over decode steps %.3f", method, mean)
     return {

@@ -22,8 +22,8 @@ def traced(method, new_tokens=30):
 
 def test_step_trace_follows_the_schedule_and_sums_to_the_ledger():
     method = method_from_conf("ours", sparsity=0.5, t_init=8, t_explore=4, t_prune=16)
-    runner, adapter, tok = traced(method)
-    steps = sparsity_trace(runner, adapter, chat(tok, PROMPTS))
+    runner, _, tok = traced(method)
+    steps = sparsity_trace(runner, chat(tok, PROMPTS))
     assert len(steps) == 29  # the first new token comes from prefill
     assert steps[:8] == [0.0] * 8  # t_init dense steps, then k = D/2 on every pruned step
     assert steps[8:24] == [0.5] * 16 and steps[24:28] == [0.0] * 4
