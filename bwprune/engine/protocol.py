@@ -3,10 +3,10 @@
 Generation (the runner, the stream), perplexity, lm-eval scoring, fidelity, speed and traces all
 run their forwards through a `MethodDriver`, so a method sees one protocol everywhere and realized
 sparsity has one definition (`bwprune.engine.ledger`). The driver owns the method's whole life:
-it calls `prepare` (with the model's shape), attaches the HF host's glue
-(`bwprune.methods.hf_host`) for as long as forwards run, turns the loop's row changes into the
-method's lifecycle events, builds every `StepContext`, calls the hooks in order around each
-forward and records measured forwards.
+it calls `prepare` (with the model's shape), attaches its host's glue (the HF host,
+`bwprune.methods.hf_host`, by default; vLLM's, `bwprune.vllm.host`) for as long as forwards
+run, turns the loop's row changes into the method's lifecycle events, builds every
+`StepContext`, calls the hooks in order around each forward and records measured forwards.
 
 Rows: `start(B)` makes B rows enter; `keep_rows(index)` makes the others leave (live-row
 compaction: the method's per-slot state is gathered, the ledger keeps the leavers' totals).
@@ -38,6 +38,7 @@ from bwprune.methods.base import (
     StepContext,
 )
 from bwprune.methods.hf_host import HFHost
+from bwprune.methods.host import Host
 from bwprune.models.adapters import ModelAdapter
 
 T = TypeVar("T")
@@ -48,13 +49,13 @@ class MethodDriver:
 
     def __init__(
         self, method: PruningMethod, model: nn.Module, adapter: ModelAdapter,
-        ledger: SparsityLedger | None = None,
+        ledger: SparsityLedger | None = None, host: Host | None = None,
     ) -> None:  # fmt: skip
         """`ledger`: built on the model as loaded, before the method's `prepare` (default: on
-        the model as it is now)."""
+        the model as it is now). `host`: the engine's glue (default: HF's, on `model`)."""
         self.method, self.model, self.adapter = method, model, adapter
         self.ledger = ledger or SparsityLedger(adapter, next(model.parameters()).device)
-        self.host = HFHost(method)
+        self.host = host or HFHost(method)
         self._attached = 0  # nesting depth of `attached`
 
     def prepare(self, tokenizer: PreTrainedTokenizerBase) -> None:

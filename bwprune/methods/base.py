@@ -1,9 +1,9 @@
 """The interface every pruning method implements (ours and all baselines): host-free decisions.
 
 A method decides from tensors alone. It never sees a module, a hook or a padded (B, T) batch:
-a *host* (the HuggingFace loop, `bwprune.methods.hf_host`; vLLM's model runner next) adapts
-what its engine computes into what a method reads — the activations of the tokens that count,
-flat, `(N, D)` with the row (slot) each token belongs to (`Tokens`) — and applies what the method
+a *host* (`bwprune.methods.host`: the HuggingFace loop's, vLLM's model runner's) adapts what its
+engine computes into what a method reads — the activations of the tokens that count, flat,
+`(N, D)` with the row (slot) each token belongs to (`Tokens`) — and applies what the method
 returns: a kept neuron set per layer, or a keep mask per token. Only
 `bwprune.engine.protocol.MethodDriver` drives a method, in this order:
 
