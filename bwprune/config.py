@@ -40,6 +40,7 @@ NUMBERS = ("sparsity", "generation.temperature", "generation.top_p", "cost.targe
 NULLABLE = ("limit", "cost.target")
 PAIRED = ("auto", "true", "false")  # speed.paired (YAML gives the last two as booleans)
 BATCHING = ("static", "continuous")  # generation.batching
+BACKENDS = ("hf", "vllm")  # generation.backend
 
 
 def validate(cfg: DictConfig) -> None:
@@ -68,6 +69,8 @@ def validate(cfg: DictConfig) -> None:
         )
     if gen.batching not in BATCHING:
         raise choices_error("generation.batching", gen.batching, BATCHING)
+    if gen.backend not in BACKENDS:
+        raise choices_error("generation.backend", gen.backend, BACKENDS)
     if gen.batching == "continuous" and gen.kv_cache != "static":
         raise UserError(
             f"generation.batching=continuous needs generation.kv_cache=static (got "

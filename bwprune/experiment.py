@@ -32,6 +32,7 @@ from bwprune.runs.recorder import RunRecorder
 from bwprune.runs.shards import merge_shards, shard_batches
 from bwprune.runs.summary import summarize
 from bwprune.runs.tracking import Tracker, make_tracker
+from bwprune.vllm.support import refuse_unsupported
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ def _run_job(cfg: DictConfig) -> dict:
     method = build_method(cfg.method)  # bad method arguments fail here, before any folder
     cost = CostTarget.from_config(cfg, benchmark)  # and bad cost settings; None: no cost target
     name = method_name(cfg)
+    if cfg.generation.backend == "vllm":
+        refuse_unsupported(cfg, method, benchmark.kind)
     if cfg.generation.get("batch_invariant") and method.batch_coupled:
         raise UserError(
             f"generation.batch_invariant=true computes each row alone, but method={name} shares "

@@ -75,6 +75,14 @@ def flat_tokens(
     return Tokens(rows, torch.ones_like(b, dtype=torch.bool), position, length)
 
 
+def decides_per_forward(method: PruningMethod) -> bool:
+    """Whether a method acts inside forwards, deciding at run time (a threshold method at ρ = 0
+    thresholds nothing: exactly dense, nothing installed); the others are a fixed model."""
+    return isinstance(method, NeuronSetMethod) or (
+        isinstance(method, ThresholdMethod) and method.active
+    )
+
+
 class Host:
     """One method's glue on one engine's model; lives as long as the driver that owns it."""
 
@@ -133,11 +141,7 @@ class Host:
 
     @property
     def glued(self) -> bool:
-        """Whether the method acts inside forwards: it decides at run time, per forward (a
-        threshold method at ρ = 0 thresholds nothing: exactly dense, nothing installed)."""
-        return isinstance(self.method, NeuronSetMethod) or (
-            isinstance(self.method, ThresholdMethod) and self.method.active
-        )
+        return decides_per_forward(self.method)
 
     def begin(self, ctx: StepContext, valid: torch.Tensor, slots: torch.Tensor | None) -> None:
         """Before a forward (after the method's `begin_step`): its tokens, and the kept sets the

@@ -110,6 +110,7 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
                 "limit": cfg.get("limit"),
                 "max_new_tokens": (cfg.get("generation") or {}).get("max_new_tokens"),
                 "batching": (cfg.get("generation") or {}).get("batching", "static"),
+                "backend": (cfg.get("generation") or {}).get("backend", "hf"),
                 "batch_invariant": bool((cfg.get("generation") or {}).get("batch_invariant")),
                 "n": m.get("n"),
                 "problems": m.get("problems", m.get("n")),

@@ -20,7 +20,7 @@ NON_IDENTITY_KEYS = (
     "logger", "paths", "tags", "exp_name", "progress", "sparsity", "calibration", "hydra", "speed",
 )  # fmt: skip
 # How the decode loop runs, never what it computes (tested token for token): not identity.
-ENGINE_KEYS = ("kv_cache", "compile", "compile_backend", "compaction")
+ENGINE_KEYS = ("kv_cache", "compile", "compile_backend", "compaction", "vllm")
 # Options added after runs were recorded: in a run's identity only when set away from the value
 # the runs recorded before them behaved as, so adding one does not re-key (and so re-run) every
 # recorded run. These are facts about old runs, not the options' defaults (which live in the yaml
@@ -30,6 +30,7 @@ LATE_OPTIONS = {
     ("quality", "traces"): False,
     ("generation", "batch_invariant"): False,
     ("generation", "batching"): "static",
+    ("generation", "backend"): "hf",  # vLLM as a generation host
     ("method", "attn_square"): False,  # trisp's FLAP-style squared attention scores
     ("method", "memory_policy"): "max",  # ours under continuous batching (and its ablations)
     ("method", "memory_decay"): 0.9,

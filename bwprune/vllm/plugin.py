@@ -1,0 +1,65 @@
+"""The vLLM model plugin: model classes a pruning method can run inside.
+
+vLLM loads `register` in every process it starts (entry point `vllm.general_plugins`), and a
+run selects these classes with `hf_overrides={"architectures": [...]}` (`ARCHITECTURES`). They
+are vLLM's own Llama and Qwen2 models with two additions:
+
+- after loading, each layer's MLP weights are kept by reference: vLLM's CPU build repacks linear
+  weights for oneDNN and empties `.weight`, and a kept neuron set needs rows of the original
+  (`bwprune.vllm.host.SlicedMLP` gathers from them);
+- every forward goes through `bwprune_session` when one is bound (`bwprune.vllm.session`): it
+  reads which requests and tokens the forward runs, and drives the method around it.
+
+With no session bound a forward is vLLM's, unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import partial
+
+import torch
+from vllm.model_executor.models.llama import LlamaForCausalLM
+from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
+
+# HF architecture -> this plugin's class for it.
+ARCHITECTURES = {
+    "LlamaForCausalLM": "BwpruneLlamaForCausalLM",
+    "Qwen2ForCausalLM": "BwpruneQwen2ForCausalLM",
+}
+
+
+class _Hosted:
+    """Mixin over a vLLM causal LM whose decoder layers have `mlp.gate_up_proj/down_proj`."""
+
+    bwprune_session = None  # bwprune.vllm.session.Session while a method runs
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        loaded = super().load_weights(weights)
+        self.bwprune_weights = [
+            (layer.mlp.gate_up_proj.weight, layer.mlp.down_proj.weight)
+            for layer in self.model.layers
+        ]
+        return loaded
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+        run = partial(super().forward, input_ids, positions, intermediate_tensors, inputs_embeds)
+        session = self.bwprune_session
+        return run() if session is None else session.forward(positions, run)
+
+
+class BwpruneLlamaForCausalLM(_Hosted, LlamaForCausalLM):
+    pass
+
+
+class BwpruneQwen2ForCausalLM(_Hosted, Qwen2ForCausalLM):
+    pass
+
+
+def register() -> None:
+    """The `vllm.general_plugins` entry point: make the classes known to vLLM's registry."""
+    from vllm import ModelRegistry
+
+    for name in ARCHITECTURES.values():
+        if name not in ModelRegistry.get_supported_archs():
+            ModelRegistry.register_model(name, f"{__name__}:{name}")

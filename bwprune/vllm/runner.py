@@ -1,0 +1,238 @@
+"""A benchmark's static batches through `vllm.LLM`, in this process, with the HF runner's interface.
+
+`VLLMRunner.generate_tokens` takes the HF runner's left-padded ids and gives back the same
+`Completion`s and `BatchTiming` (`bwprune.generation.runner`), so evaluation, scoring, records,
+resume, shards, tables and W&B treat a vLLM run like any other. vLLM runs in this process
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`): its scheduler then takes every request of a batch before
+its first step — the static batch the method's protocol and the HF host's equality need — and the
+method, prepared on the HF model, is bound to vLLM's model directly (`bwprune.vllm.session`).
+Prompts go in as token ids and completions come back as ids, decoded by the run's tokenizer, so
+both backends see and score the same text.
+
+What each method does here (docs/vllm.md): a method that decides inside forwards runs with
+`enforce_eager` (vLLM's compiled model would freeze its decisions at warm-up) and without prefix
+caching (a cached prompt is never recomputed, so its activations would never be scored, and KV
+computed under one request's pruned FFN could be reused by another); a static method's pruned
+weights are exported and loaded; a method whose pruned model vLLM cannot load is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from bwprune.engine.ledger import SparsityLedger
+from bwprune.engine.protocol import MethodDriver
+from bwprune.errors import UserError, choices_error
+from bwprune.generation.paired import weight_bytes
+from bwprune.generation.prepared import PreparedModel
+from bwprune.generation.runner import BatchedRunner, BatchTiming, Completion
+from bwprune.generation.timing import alternate
+from bwprune.methods.base import PruningMethod
+from bwprune.methods.host import decides_per_forward
+from bwprune.vllm.host import VLLMHost
+from bwprune.vllm.session import Session
+
+log = logging.getLogger(__name__)
+COMPILE = ("auto", "true", "false")
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    """How vLLM runs (conf/config.yaml `generation.vllm`): never what it computes."""
+
+    compile: (
+        str  # auto (CUDA, and only for methods that do not decide inside forwards) | true | false
+    )
+    kv_cache_gib: float  # KV cache memory (on CPU vLLM otherwise reserves most of the node's RAM)
+    max_model_len: int | None  # longest prompt + completion; null: the model's own
+
+    @classmethod
+    def from_config(cls, gen: Mapping) -> VLLMSettings:
+        v = gen.vllm
+        if str(v.compile).lower() not in COMPILE:
+            raise choices_error("generation.vllm.compile", v.compile, COMPILE)
+        length = None if v.max_model_len is None else int(v.max_model_len)
+        return cls(str(v.compile).lower(), float(v.kv_cache_gib), length)
+
+
+def _export(model: torch.nn.Module, folder: Path) -> Path:
+    """The model's config and weights as an HF folder vLLM loads (no tokenizer: ids in, ids out)."""
+    from bwprune.vllm.plugin import ARCHITECTURES
+
+    arch = type(model).__name__
+    if arch not in ARCHITECTURES:
+        raise UserError(f"vLLM host: model class {arch!r} has no plugin class; choose one of "
+                        f"{sorted(ARCHITECTURES)}")  # fmt: skip
+    if not (folder / "config.json").exists():
+        partial_dir = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".part"))
+        model.save_pretrained(partial_dir)
+        partial_dir.replace(folder)  # a folder is whole or absent, also when interrupted
+    return folder
+
+
+def model_folder(cfg: DictConfig, prepared: PreparedModel) -> tuple[Path, bool]:
+    """Where vLLM loads the run's model from, and whether that folder is the run's own (pruned
+    weights: removed once loaded). Unpruned weights are exported once per model config."""
+    root = Path(cfg.paths.cache_dir).expanduser() / "vllm"
+    root.mkdir(parents=True, exist_ok=True)
+    if prepared.method.edits_weights:
+        return _export(prepared.model, Path(tempfile.mkdtemp(dir=root)) / "model"), True
+    model_cfg = json.dumps(OmegaConf.to_container(cfg.model, resolve=True), sort_keys=True)
+    digest = hashlib.sha256(model_cfg.encode()).hexdigest()[:12]
+    return _export(prepared.model, root / f"{cfg.model.name}-{digest}"), False
+
+
+class VLLMRunner:
+    """Generates a batch's completions under the run's method inside one in-process vLLM engine."""
+
+    def __init__(self, cfg: DictConfig, prepared: PreparedModel, hf: BatchedRunner,
+                 longest_prompt: int) -> None:  # fmt: skip
+        """`hf`: the run's HF runner (tokenizer, sampling, stop ids and completions are shared);
+        `longest_prompt`: tokens of the run's longest prompt (a batch's prompts must fit in one
+        forward: the static batch)."""
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+
+        from bwprune.vllm.plugin import ARCHITECTURES
+
+        self.hf, self.prepared, self.method = hf, prepared, prepared.method
+        self.tokenizer, self.sampling, self.device = hf.tokenizer, hf.sampling, hf.device
+        self.settings = VLLMSettings.from_config(cfg.generation)
+        self.compiled = self._compiled()
+        self.host = VLLMHost(self.method, self.compiled)
+        batch = int(cfg.batch_size)
+        folder, own = model_folder(cfg, prepared)
+        dtype = str(next(prepared.model.parameters()).dtype).removeprefix("torch.")
+        started = time.perf_counter()
+        self.llm = LLM(
+            model=str(folder), skip_tokenizer_init=True, dtype=dtype, seed=int(cfg.seed),
+            enforce_eager=not self.compiled, enable_prefix_caching=not self.host.glued,
+            max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * longest_prompt),
+            max_model_len=self.settings.max_model_len,
+            kv_cache_memory_bytes=int(self.settings.kv_cache_gib * 2**30),
+            hf_overrides={"architectures": [ARCHITECTURES[type(prepared.model).__name__]]},
+        )  # fmt: skip
+        if own:
+            shutil.rmtree(folder.parent, ignore_errors=True)  # loaded: the export is not needed
+        log.info("vLLM engine ready in %.1f s (%s)", time.perf_counter() - started,
+                 "compiled" if self.compiled else "eager")  # fmt: skip
+        self.model_runner = self.llm.collective_rpc(lambda worker: worker.model_runner)[0]
+        self.model = self.model_runner.model
+        self.driver = self.driver_for(self.method, prepared.ledger, self.host)
+
+    def _compiled(self) -> bool:
+        """Compile when asked (auto: on CUDA), unless the method decides inside forwards: vLLM's
+        compiled model drops guards, so those decisions would be frozen at warm-up."""
+        wanted = self.settings.compile == "true" or (
+            self.settings.compile == "auto" and self.device.type == "cuda"
+        )
+        if wanted and decides_per_forward(self.method):
+            log.warning("vLLM: %s decides inside every forward, which vLLM's compiled model "
+                        "would freeze at warm-up (silently dense): running it eager",
+                        type(self.method).__name__)  # fmt: skip
+            return False
+        return wanted
+
+    def driver_for(self, method: PruningMethod, ledger: SparsityLedger,
+                   host: VLLMHost | None = None) -> MethodDriver:  # fmt: skip
+        """A driver of `method` on vLLM's model (the method prepared already, on the HF model)."""
+        host = host or VLLMHost(method, self.compiled)
+        return MethodDriver(method, self.model, self.prepared.adapter, ledger, host)
+
+    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.hf.encode(prompts)
+
+    def generate_tokens(self, ids: torch.Tensor, attn: torch.Tensor,
+                        progress: Callable[[int, int], None] | None = None,
+                        ) -> tuple[list[Completion], BatchTiming]:  # fmt: skip
+        """Completions for (B, T) left-padded ids, as `BatchedRunner.generate_tokens`."""
+        prompts = [row[mask.bool()].tolist() for row, mask in zip(ids, attn)]
+        s = self.sampling
+        params = self._params(max_tokens=s.max_new_tokens, stop=self.hf.stop_ids.tolist())
+        outputs, session = self.run(self.driver, prompts, [params] * len(prompts), progress)
+        sparsity = session.ledger_rows()
+        completions = []
+        for out in outputs:
+            c = out.outputs[0]
+            completions.append(self.hf.completion(list(c.token_ids), c.finish_reason == "stop",
+                                                  sparsity[out.request_id]))  # fmt: skip
+        prefill_s, step_s = session.times()
+        decode_tokens = sum(r["decode_steps"] for r in sparsity.values())
+        return completions, BatchTiming(prefill_s, sum(step_s), decode_tokens, step_s)
+
+    def _params(self, max_tokens: int, stop: list[int]):
+        from vllm import SamplingParams
+
+        s = self.sampling
+        return SamplingParams(
+            temperature=s.temperature if s.do_sample else 0.0, top_p=s.top_p,
+            max_tokens=max_tokens, stop_token_ids=stop, ignore_eos=True, detokenize=False,
+        )  # fmt: skip
+
+    def run(self, driver: MethodDriver, prompts: list[list[int]], params: list,
+            progress: Callable[[int, int], None] | None = None):  # fmt: skip
+        """vLLM's outputs (in prompt order) and the session that drove `driver` through them."""
+        session = Session(driver, driver.host, self.model_runner, progress)
+        session.begin_generation(self.device)
+        with self.bound(session), driver.attached():
+            outputs = self.llm.generate(
+                [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False
+            )
+        return outputs, session
+
+    @contextmanager
+    def bound(self, session: Session):
+        self.model.bwprune_session = session
+        try:
+            yield
+        finally:
+            self.model.bwprune_session = None
+
+
+class VLLMPairedTiming:
+    """The paired timing of a run in vLLM: dense vLLM redoes the method's work, alternated.
+
+    Both sides run the same requests to the same lengths (each request's completion length under
+    the method, stop tokens ignored), so they run the same forwards over the same batch shapes;
+    the method side regenerates its own completions, the dense side its own tokens. Times are the
+    model forwards' (`Session.times`), the entry the same as the HF backend's
+    (`bwprune.generation.paired`). A method that edits weights would need a second engine with
+    the loaded weights: not timed here (logged).
+    """
+
+    def __init__(self, runner: VLLMRunner, repeats: int, warmup: int) -> None:
+        self.runner, self.repeats, self.warmup = runner, repeats, warmup
+        dense = PruningMethod()
+        ledger = SparsityLedger(runner.prepared.adapter, runner.device)
+        self.dense = runner.driver_for(dense, ledger)
+        self.weight_bytes = weight_bytes(runner.prepared.model)
+
+    def measure(self, ids: torch.Tensor, attn: torch.Tensor, completions: list[Completion]) -> dict:
+        start = time.perf_counter()
+        r = self.runner
+        prompts = [row[mask.bool()].tolist() for row, mask in zip(ids, attn)]
+        params = [r._params(max_tokens=c.new_tokens, stop=[]) for c in completions]
+        trials = {side: partial(self._trial, driver, prompts, params)
+                  for side, driver in (("method", r.driver), ("dense", self.dense))}  # fmt: skip
+        results = alternate(trials, self.repeats, self.warmup)
+        return {**results, "weight_bytes": self.weight_bytes,
+                "overhead_s": time.perf_counter() - start}  # fmt: skip
+
+    def _trial(self, driver: MethodDriver, prompts, params) -> dict:
+        _, session = self.runner.run(driver, prompts, params)
+        prefill_s, step_s = session.times()
+        return {"prefill_s": prefill_s, "decode_s": sum(step_s)}

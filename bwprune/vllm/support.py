@@ -1,0 +1,31 @@
+"""What the vLLM backend can run, checked before anything is loaded (imports no vLLM)."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from bwprune.errors import UserError
+from bwprune.methods.base import PruningMethod
+
+
+def refuse_unsupported(cfg: DictConfig, method: PruningMethod, kind: str) -> None:
+    """One line naming what `generation.backend=vllm` cannot run, and why; `kind`: the
+    benchmark's kind (generate | perplexity)."""
+    gen = cfg.generation
+    if kind != "generate":
+        raise UserError(f"generation.backend=vllm generates; a {kind} benchmark scores given "
+                        "text through the HF host: use generation.backend=hf")  # fmt: skip
+    if gen.batching != "static":
+        raise UserError(
+            "generation.backend=vllm runs static batches; generation.batching="
+            f"{gen.batching!r} (a server's batch) needs generation.backend=hf"
+        )
+    if gen.get("batch_invariant", False):
+        raise UserError("generation.batch_invariant=true needs generation.backend=hf "
+                        "(vLLM batches every row it holds)")  # fmt: skip
+    if method.changes_shapes:
+        raise UserError(
+            f"method {cfg.method.name!r} cannot run in vLLM: its pruned layers have widths of "
+            "their own (per-layer neuron and head counts), and vLLM builds every layer of a "
+            "Llama/Qwen2 from one config; use generation.backend=hf"
+        )

