@@ -2,11 +2,11 @@
 
 python scripts/bench_speed.py [config overrides, e.g. model=tiny_llama bench.batch_sizes=[1]]
 
-Four measurements (`bench.parts`), each alternated and repeated in this one process
+Five measurements (`bench.parts`), each alternated and repeated in this one process
 (conf/bench/default.yaml): the methods on the configured model under every engine (eager,
 compiled), the per-step overhead on a thin 28-layer model (eager vs compiled), live-row
-compaction on a batch whose rows stop at very different lengths, and static vs continuous
-batching of a heavy-tailed workload.
+compaction on a batch whose rows stop at very different lengths, static vs continuous
+batching of a heavy-tailed workload, and vLLM (dense HF loop vs dense vLLM, methods in vLLM).
 """
 
 import json
@@ -30,7 +30,7 @@ from bwprune.report.speed_table import compaction_line, markdown_table, stream_l
 from bwprune.runs.provenance import provenance
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("methods", "overhead", "compaction", "stream")
+PARTS = ("methods", "overhead", "compaction", "stream", "vllm")
 
 
 def main(overrides: list[str]) -> None:
@@ -77,6 +77,9 @@ def main(overrides: list[str]) -> None:
             repeats=bench.repeats, warmup=bench.warmup, seed=cfg.seed,
         )  # fmt: skip
         text += f"\n{stream_line(record['stream'])}\n"
+    if "vllm" in parts:  # last: vLLM's engine stays in this process once started
+        record["vllm"], how = vllm_part(cfg, overrides, model, tokenizer)
+        text += f"vLLM ({how}, in this process):\n\n{markdown_table(record['vllm'])}\n"
     device = str(next(model.parameters()).device)
     key = f"{cfg.model.name}_{device.split(':')[0]}_{torch.get_num_threads()}t"
     if set(parts) != set(PARTS):
@@ -88,6 +91,32 @@ def main(overrides: list[str]) -> None:
     (out / f"{key}.md").write_text(f"# Speed: {key}\n\n{text}")
     print(text)
     print(f"wrote {out / key}.json and .md")
+
+
+def vllm_part(cfg, overrides: list[str], model: nn.Module, tokenizer) -> tuple[list[dict], str]:
+    """Dense in our HF loop and in vLLM, and `bench.vllm.methods` in vLLM, at its batch sizes;
+    and how vLLM ran (dtype, eager or compiled)."""
+    from bwprune.generation.prepared import prepare_loaded
+    from bwprune.generation.runner import SamplingConfig
+    from bwprune.vllm.runner import VLLMRunner
+    from bwprune.vllm.speed import measure_vllm
+
+    bench = cfg.bench
+    top = max(bench.vllm.batch_sizes)
+    engine_cfg = compose_config(
+        ROOT / "conf", ["+bench=default", *overrides, "method=ours", f"batch_size={top}"]
+    )  # built for a method that decides per forward: eager, no prefix caching
+    base = prepare_loaded(model, tokenizer, build_method(engine_cfg.method))
+    hf = base.runner(SamplingConfig(bench.new_tokens, ignore_eos=True), cfg.seed,
+                     engine_cfg.generation)  # fmt: skip
+    engine = VLLMRunner(engine_cfg, base, hf, bench.prompt_len)
+    methods = prepared(bench.vllm.methods, overrides, model, base.adapter, tokenizer)
+    rows = measure_vllm(
+        engine, methods, list(bench.vllm.batch_sizes), bench.new_tokens, bench.prompt_len,
+        bench.repeats, bench.warmup, cfg.seed, log=print,
+    )  # fmt: skip
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return rows, f"{dtype}, {'compiled' if engine.compiled else 'eager'}"
 
 
 def prepared(

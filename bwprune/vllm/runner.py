@@ -105,6 +105,9 @@ class VLLMRunner:
         `longest_prompt`: tokens of the run's longest prompt (a batch's prompts must fit in one
         forward: the static batch)."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # vLLM leaves a core to its scheduler process unless told the thread count; in this one
+        # process it computes with the threads this process (and its HF runner) computes with.
+        os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
         from vllm import LLM
 
         from bwprune.vllm.plugin import ARCHITECTURES
@@ -160,10 +163,20 @@ class VLLMRunner:
                         progress: Callable[[int, int], None] | None = None,
                         ) -> tuple[list[Completion], BatchTiming]:  # fmt: skip
         """Completions for (B, T) left-padded ids, as `BatchedRunner.generate_tokens`."""
+        stop = self.hf.stop_ids.tolist()
+        return self.generate_with(self.driver, ids, attn, self.sampling.max_new_tokens, stop,
+                                  progress)  # fmt: skip
+
+    def generate_with(self, driver: MethodDriver, ids: torch.Tensor, attn: torch.Tensor,
+                      lengths: int | list[int], stop: list[int],
+                      progress: Callable[[int, int], None] | None = None,
+                      ) -> tuple[list[Completion], BatchTiming]:  # fmt: skip
+        """`driver`'s method generates at most `lengths` tokens per row (one for all, or one
+        each), ending at a token of `stop`."""
         prompts = [row[mask.bool()].tolist() for row, mask in zip(ids, attn)]
-        s = self.sampling
-        params = self._params(max_tokens=s.max_new_tokens, stop=self.hf.stop_ids.tolist())
-        outputs, session = self.run(self.driver, prompts, [params] * len(prompts), progress)
+        limits = [lengths] * len(prompts) if isinstance(lengths, int) else lengths
+        params = [self._params(max_tokens=n, stop=stop) for n in limits]
+        outputs, session = self.run(driver, prompts, params, progress)
         sparsity = session.ledger_rows()
         completions = []
         for out in outputs:
@@ -192,6 +205,7 @@ class VLLMRunner:
             outputs = self.llm.generate(
                 [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False
             )
+        session.end_generation()
         return outputs, session
 
     @contextmanager
@@ -223,16 +237,13 @@ class VLLMPairedTiming:
 
     def measure(self, ids: torch.Tensor, attn: torch.Tensor, completions: list[Completion]) -> dict:
         start = time.perf_counter()
-        r = self.runner
-        prompts = [row[mask.bool()].tolist() for row, mask in zip(ids, attn)]
-        params = [r._params(max_tokens=c.new_tokens, stop=[]) for c in completions]
-        trials = {side: partial(self._trial, driver, prompts, params)
-                  for side, driver in (("method", r.driver), ("dense", self.dense))}  # fmt: skip
+        lengths = [c.new_tokens for c in completions]
+        sides = {"method": self.runner.driver, "dense": self.dense}
+        trials = {side: partial(self._trial, d, ids, attn, lengths) for side, d in sides.items()}
         results = alternate(trials, self.repeats, self.warmup)
         return {**results, "weight_bytes": self.weight_bytes,
                 "overhead_s": time.perf_counter() - start}  # fmt: skip
 
-    def _trial(self, driver: MethodDriver, prompts, params) -> dict:
-        _, session = self.runner.run(driver, prompts, params)
-        prefill_s, step_s = session.times()
-        return {"prefill_s": prefill_s, "decode_s": sum(step_s)}
+    def _trial(self, driver: MethodDriver, ids, attn, lengths: list[int]) -> dict:
+        _, timing = self.runner.generate_with(driver, ids, attn, lengths, stop=[])
+        return {"prefill_s": timing.prefill_s, "decode_s": timing.decode_s}

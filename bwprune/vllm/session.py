@@ -100,9 +100,11 @@ class Session:
     def forward(self, positions: torch.Tensor, run: Callable[[], T]) -> T:
         batch = ForwardBatch.read(self.runner, positions)
         if not self.slots and batch.whole_prompts:
-            return self._timed(lambda: self._prefill(batch, positions.device, run))
+            self.timer.mark()
+            return self._prefill(batch, positions.device, run)
         if self.slots and batch.decode and set(batch.req_ids) <= set(self.slots):
-            return self._timed(lambda: self._decode(batch, positions.device, run))
+            self.timer.mark()
+            return self._decode(batch, positions.device, run)
         raise UserError(
             "the vLLM host runs static batches (every prompt whole in the first forward, then "
             "one token per request); this forward is a server's batch (chunked prefill or "
@@ -115,15 +117,15 @@ class Session:
         return {r.rsplit("-", 1)[0]: row for r, row in zip(self.rows, self.driver.rows())}
 
     def times(self) -> tuple[float, list[float]]:
-        """Seconds of the prefill forward and of each decode forward (model forwards only)."""
-        intervals = self.timer.intervals_s()[::2]  # marks come in pairs around each forward
+        """Seconds of the prefill and of each decode step, each from the start of its forward to
+        the start of the next (the end of the generation for the last): the model and all vLLM
+        does around it (scheduling, sampling), as the HF loop's step times include its own."""
+        intervals = self.timer.intervals_s()
         return (intervals[0] if intervals else 0.0), intervals[1:]
 
-    def _timed(self, forward: Callable[[], T]) -> T:
+    def end_generation(self) -> None:
+        """`LLM.generate` returned: the last step's time ends here."""
         self.timer.mark()
-        out = forward()
-        self.timer.mark()
-        return out
 
     def _prefill(self, batch: ForwardBatch, device: torch.device, run: Callable[[], T]) -> T:
         self.slots, self.rows = list(batch.req_ids), list(batch.req_ids)

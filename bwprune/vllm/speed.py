@@ -1,0 +1,78 @@
+"""`make bench`'s vLLM part: our HF loop against vLLM, and methods inside vLLM against dense vLLM.
+
+In one process, alternated and repeated like every other speed number here
+(`bwprune.generation.speed`, whose summary and table this part shares): dense through our HF
+runner (`dense`), dense through vLLM (`dense@vllm`), and each method through vLLM
+(`<method>@vllm`, its speedups against `dense@vllm`). Every generation is forced to exactly
+`new_tokens` tokens per row on the same random prompts, so every trial does the same work. A vLLM
+step is timed from the start of its forward to the start of the next: the model and what vLLM
+does around it, as an HF step includes the loop's own work. One engine serves every batch size
+(a batch of B requests queued at once in an engine of more slots is still a static batch).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from functools import partial
+
+import torch
+
+from bwprune.engine.ledger import SparsityLedger
+from bwprune.engine.realized import combine
+from bwprune.generation.paired import weight_bytes
+from bwprune.generation.runner import BatchedRunner, SamplingConfig
+from bwprune.generation.speed import _run_once, _summarize
+from bwprune.generation.timing import alternate
+from bwprune.methods.base import PruningMethod
+from bwprune.vllm.runner import VLLMRunner
+
+
+def measure_vllm(
+    engine: VLLMRunner,
+    methods: Mapping[str, PruningMethod],
+    batch_sizes: list[int],
+    new_tokens: int,
+    prompt_len: int,
+    repeats: int,
+    warmup: int,
+    seed: int,
+    log: Callable[[str], None] = lambda _: None,
+) -> list[dict]:
+    """Rows as `bwprune.generation.speed.measure`'s: `methods` (prepared on the engine's HF
+    model; "dense" among them) run in vLLM, and dense in the HF loop, at every batch size."""
+    prepared = engine.prepared
+    model, adapter, device = prepared.model, prepared.adapter, engine.device
+    hf = BatchedRunner(model, prepared.tokenizer, methods["dense"], adapter,
+                       SamplingConfig(new_tokens, ignore_eos=True),
+                       ledger=SparsityLedger(adapter, device))  # fmt: skip
+    drivers = {f"{label}@vllm": engine.driver_for(m, SparsityLedger(adapter, device))
+               for label, m in methods.items()}  # fmt: skip
+    gen = torch.Generator().manual_seed(seed)
+    vocab = min(prepared.tokenizer.vocab_size, 1000)
+    rows = []
+    for batch in batch_sizes:
+        ids = torch.randint(3, vocab, (batch, prompt_len), generator=gen).to(device)
+        attn = torch.ones_like(ids)
+        trials = {"dense": partial(_run_once, hf, ids, attn)}
+        trials |= {label: partial(_vllm_once, engine, d, ids, attn, new_tokens)
+                   for label, d in drivers.items()}  # fmt: skip
+        samples = alternate(
+            trials, repeats, warmup,
+            lambda rep, b=batch: log(f"vLLM batch {b}: repeat {rep + 1}/{warmup + repeats} done"),
+        )  # fmt: skip
+        rows += _summarize(batch, samples, weight_bytes(model))
+    return rows
+
+
+def _vllm_once(engine: VLLMRunner, driver, ids, attn, new_tokens: int) -> dict:
+    start = time.perf_counter()
+    completions, timing = engine.generate_with(driver, ids, attn, new_tokens, stop=[])
+    return {
+        "prefill_s": timing.prefill_s,
+        "decode_s": timing.decode_s,
+        "e2e_s": time.perf_counter() - start,  # vLLM's whole generate call
+        "step_ms": timing.median_step_ms,
+        "tokens_per_s": timing.decode_tokens / timing.decode_s,
+        "sparsity": combine(c.sparsity for c in completions),
+    }
