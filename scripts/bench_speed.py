@@ -109,7 +109,7 @@ def vllm_part(cfg, overrides: list[str], model: nn.Module, tokenizer) -> tuple[l
     base = prepare_loaded(model, tokenizer, build_method(engine_cfg.method))
     hf = base.runner(SamplingConfig(bench.new_tokens, ignore_eos=True), cfg.seed,
                      engine_cfg.generation)  # fmt: skip
-    engine = VLLMRunner(engine_cfg, base, hf, bench.prompt_len)
+    engine = VLLMRunner.for_run(engine_cfg, base, hf, bench.prompt_len)
     methods = prepared(bench.vllm.methods, overrides, model, base.adapter, tokenizer)
     rows = measure_vllm(
         engine, methods, list(bench.vllm.batch_sizes), bench.new_tokens, bench.prompt_len,

@@ -96,16 +96,6 @@ def generate_missing(
     return str(runner.device)
 
 
-def vllm_runner(cfg: DictConfig, prepared: PreparedModel, runner: BatchedRunner, batches):
-    """The run's generator under `generation.backend=vllm` (`bwprune.vllm.runner`), sized so a
-    batch's prompts fit one forward (the static batch)."""
-    from bwprune.vllm.runner import VLLMRunner
-
-    prompts = [p for b in batches for p in batch_prompts(prepared.tokenizer, cfg.model, b)]
-    longest = max(len(runner.encode([p])[0][0]) for p in prompts)
-    return VLLMRunner(cfg, prepared, runner, longest)
-
-
 def replays(cfg: DictConfig) -> bool:
     """Whether a resumed run generates its recorded work again: a stream, whose rows share their
     forwards with whoever streams beside them, unless each row is computed alone."""
@@ -155,11 +145,12 @@ def _static(cfg, prepared: PreparedModel, runner: BatchedRunner, batches, todo, 
     tokenizer = prepared.tokenizer
     timed = {id(b) for b in batches[: cfg.speed.batches]}  # this job's first batches
     to_time = paired_enabled(cfg) and any(id(b) in timed for b in todo)  # a resumed run: maybe none
-    generator = runner
-    if cfg.generation.backend == "vllm":
-        generator = vllm_runner(cfg, prepared, runner, todo)
-        paired = vllm_paired_timing(cfg, generator) if to_time else None
+    if cfg.generation.backend == "vllm":  # vLLM generates; quality still teacher-forces in HF
+        from bwprune.vllm.runner import vllm_engines
+
+        generator, paired = vllm_engines(cfg, prepared, runner, todo, to_time)
     else:
+        generator = runner
         paired = paired_timing(cfg, runner, prepared) if to_time else None
     bar = tqdm(todo, desc=record.recorder.key, unit="batch", disable=not cfg.progress)
     inside = BatchProgress(bar)
@@ -219,18 +210,6 @@ def paired_enabled(cfg: DictConfig) -> bool:
     setting = str(cfg.speed.paired).lower()
     static = cfg.generation.batching == "static"
     return setting == "true" or (setting == "auto" and static and target_sparsity(cfg) > 0)
-
-
-def vllm_paired_timing(cfg: DictConfig, generator):
-    """The run's paired timing inside vLLM (`bwprune.vllm.runner.VLLMPairedTiming`); None, with
-    a log line, for a method that edits weights (dense would need a second engine)."""
-    from bwprune.vllm.runner import VLLMPairedTiming
-
-    if generator.method.edits_weights:
-        log.info("no paired timing in vLLM for a method that edits weights: dense would need a "
-                 "second engine with the loaded weights")  # fmt: skip
-        return None
-    return VLLMPairedTiming(generator, int(cfg.speed.repeats), int(cfg.speed.warmup))
 
 
 def paired_timing(cfg: DictConfig, runner: BatchedRunner, prepared: PreparedModel) -> PairedTiming:

@@ -38,11 +38,13 @@ from bwprune.engine.ledger import SparsityLedger
 from bwprune.engine.protocol import MethodDriver
 from bwprune.errors import UserError, choices_error
 from bwprune.generation.paired import weight_bytes
-from bwprune.generation.prepared import PreparedModel
+from bwprune.generation.prepared import PreparedModel, prepare_loaded
+from bwprune.generation.prompts import batch_prompts
 from bwprune.generation.runner import BatchedRunner, BatchTiming, Completion
 from bwprune.generation.timing import alternate
 from bwprune.methods.base import PruningMethod
 from bwprune.methods.host import decides_per_forward
+from bwprune.models.loading import load_model
 from bwprune.vllm.host import VLLMHost
 from bwprune.vllm.session import Session
 
@@ -99,11 +101,13 @@ def model_folder(cfg: DictConfig, prepared: PreparedModel) -> tuple[Path, bool]:
 class VLLMRunner:
     """Generates a batch's completions under the run's method inside one in-process vLLM engine."""
 
-    def __init__(self, cfg: DictConfig, prepared: PreparedModel, hf: BatchedRunner,
-                 longest_prompt: int) -> None:  # fmt: skip
-        """`hf`: the run's HF runner (tokenizer, sampling, stop ids and completions are shared);
-        `longest_prompt`: tokens of the run's longest prompt (a batch's prompts must fit in one
-        forward: the static batch)."""
+    def __init__(self, prepared: PreparedModel, hf: BatchedRunner, folder: Path,
+                 settings: VLLMSettings, slots: int, prompt_tokens: int, seed: int,
+                 load_format: str = "auto") -> None:  # fmt: skip
+        """vLLM on the model in `folder` (`prepared.model`'s config and weights; with
+        `load_format="dummy"` its config alone, random weights: speed checks). `hf`: the run's HF
+        runner (tokenizer, sampling, stop ids and completions are shared); `slots`: the largest
+        batch; `prompt_tokens`: the longest prompt (a batch's prompts must fit one forward)."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # vLLM leaves a core to its scheduler process unless told the thread count; in this one
         # process it computes with the threads this process (and its HF runner) computes with.
@@ -114,28 +118,37 @@ class VLLMRunner:
 
         self.hf, self.prepared, self.method = hf, prepared, prepared.method
         self.tokenizer, self.sampling, self.device = hf.tokenizer, hf.sampling, hf.device
-        self.settings = VLLMSettings.from_config(cfg.generation)
+        self.settings = settings
         self.compiled = self._compiled()
         self.host = VLLMHost(self.method, self.compiled)
-        batch = int(cfg.batch_size)
-        folder, own = model_folder(cfg, prepared)
         dtype = str(next(prepared.model.parameters()).dtype).removeprefix("torch.")
         started = time.perf_counter()
         self.llm = LLM(
-            model=str(folder), skip_tokenizer_init=True, dtype=dtype, seed=int(cfg.seed),
+            model=str(folder), skip_tokenizer_init=True, dtype=dtype, seed=seed,
             enforce_eager=not self.compiled, enable_prefix_caching=not self.host.glued,
-            max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * longest_prompt),
-            max_model_len=self.settings.max_model_len,
-            kv_cache_memory_bytes=int(self.settings.kv_cache_gib * 2**30),
+            max_num_seqs=slots, max_num_batched_tokens=max(2048, slots * prompt_tokens),
+            max_model_len=settings.max_model_len, load_format=load_format,
+            kv_cache_memory_bytes=int(settings.kv_cache_gib * 2**30),
             hf_overrides={"architectures": [ARCHITECTURES[type(prepared.model).__name__]]},
         )  # fmt: skip
-        if own:
-            shutil.rmtree(folder.parent, ignore_errors=True)  # loaded: the export is not needed
         log.info("vLLM engine ready in %.1f s (%s)", time.perf_counter() - started,
                  "compiled" if self.compiled else "eager")  # fmt: skip
         self.model_runner = self.llm.collective_rpc(lambda worker: worker.model_runner)[0]
         self.model = self.model_runner.model
         self.driver = self.driver_for(self.method, prepared.ledger, self.host)
+
+    @classmethod
+    def for_run(cls, cfg: DictConfig, prepared: PreparedModel, hf: BatchedRunner,
+                longest_prompt: int) -> VLLMRunner:  # fmt: skip
+        """The engine of a run: its model (pruned weights exported, and removed once loaded),
+        batch size, seed and `generation.vllm` settings."""
+        folder, own = model_folder(cfg, prepared)
+        try:
+            return cls(prepared, hf, folder, VLLMSettings.from_config(cfg.generation),
+                       int(cfg.batch_size), longest_prompt, int(cfg.seed))  # fmt: skip
+        finally:
+            if own:
+                shutil.rmtree(folder.parent, ignore_errors=True)
 
     def _compiled(self) -> bool:
         """Compile when asked (auto: on CUDA), unless the method decides inside forwards: vLLM's
@@ -222,28 +235,52 @@ class VLLMPairedTiming:
 
     Both sides run the same requests to the same lengths (each request's completion length under
     the method, stop tokens ignored), so they run the same forwards over the same batch shapes;
-    the method side regenerates its own completions, the dense side its own tokens. Times are the
-    model forwards' (`Session.times`), the entry the same as the HF backend's
-    (`bwprune.generation.paired`). A method that edits weights would need a second engine with
-    the loaded weights: not timed here (logged).
+    the method side regenerates its own completions, the dense side its own tokens. Step times
+    are `Session.times`'; the entry is the HF backend's (`bwprune.generation.paired`).
     """
 
-    def __init__(self, runner: VLLMRunner, repeats: int, warmup: int) -> None:
+    def __init__(self, runner: VLLMRunner, repeats: int, warmup: int,
+                 dense: VLLMRunner | None = None) -> None:  # fmt: skip
+        """`dense`: an engine on the model as loaded, for a method that edits weights (the
+        run's engine holds the pruned ones); else dense runs on the run's engine."""
         self.runner, self.repeats, self.warmup = runner, repeats, warmup
-        dense = PruningMethod()
-        ledger = SparsityLedger(runner.prepared.adapter, runner.device)
-        self.dense = runner.driver_for(dense, ledger)
-        self.weight_bytes = weight_bytes(runner.prepared.model)
+        if dense is not None:
+            self.dense = dense.driver
+        else:
+            ledger = SparsityLedger(runner.prepared.adapter, runner.device)
+            self.dense = runner.driver_for(PruningMethod(), ledger)
+        self.dense_runner = dense or runner
+        self.weight_bytes = weight_bytes((dense or runner).prepared.model)
 
     def measure(self, ids: torch.Tensor, attn: torch.Tensor, completions: list[Completion]) -> dict:
         start = time.perf_counter()
         lengths = [c.new_tokens for c in completions]
-        sides = {"method": self.runner.driver, "dense": self.dense}
-        trials = {side: partial(self._trial, d, ids, attn, lengths) for side, d in sides.items()}
+        sides = {"method": (self.runner, self.runner.driver),
+                 "dense": (self.dense_runner, self.dense)}  # fmt: skip
+        trials = {side: partial(self._trial, *s, ids, attn, lengths) for side, s in sides.items()}
         results = alternate(trials, self.repeats, self.warmup)
         return {**results, "weight_bytes": self.weight_bytes,
                 "overhead_s": time.perf_counter() - start}  # fmt: skip
 
-    def _trial(self, driver: MethodDriver, ids, attn, lengths: list[int]) -> dict:
-        _, timing = self.runner.generate_with(driver, ids, attn, lengths, stop=[])
+    @staticmethod
+    def _trial(runner: VLLMRunner, driver: MethodDriver, ids, attn, lengths: list[int]) -> dict:
+        _, timing = runner.generate_with(driver, ids, attn, lengths, stop=[])
         return {"prefill_s": timing.prefill_s, "decode_s": timing.decode_s}
+
+
+def vllm_engines(cfg: DictConfig, prepared: PreparedModel, hf: BatchedRunner, batches: list,
+                 timed: bool) -> tuple[VLLMRunner, VLLMPairedTiming | None]:  # fmt: skip
+    """A run's engine, sized so each batch's prompts fit one forward (the static batch), and its
+    paired timing when `timed`: dense on the same engine, or, for a method that edits weights,
+    on a second engine with the model loaded again."""
+    prompts = [p for b in batches for p in batch_prompts(hf.tokenizer, cfg.model, b)]
+    longest = max(len(hf.encode([p])[0][0]) for p in prompts)
+    engine = VLLMRunner.for_run(cfg, prepared, hf, longest)
+    if not timed:
+        return engine, None
+    dense = None
+    if prepared.method.edits_weights:
+        loaded = prepare_loaded(*load_model(cfg.model, cfg.paths.cache_dir), PruningMethod())
+        loaded_hf = loaded.runner(hf.sampling, int(cfg.seed), cfg.generation)
+        dense = VLLMRunner.for_run(cfg, loaded, loaded_hf, longest)
+    return engine, VLLMPairedTiming(engine, int(cfg.speed.repeats), int(cfg.speed.warmup), dense)

@@ -7,8 +7,8 @@ tokens computed before, prompt length — and decides per token: a token is a de
 position is at or past its request's prompt (a one-token prompt chunk is still prompt). Then it
 calls the driver as the HF loop does (`bwprune.engine.protocol.MethodDriver`):
 
-- the generation's first forward, every request's whole prompt: `start(B)` and `prefill`, slots
-  0..B-1 in vLLM's order;
+- the generation's first forward, every request's prompt (whole, or past a cached prefix):
+  `start(B)` and `prefill`, slots 0..B-1 in vLLM's order;
 - a decode forward, one token per request: `decode`; requests that finished since the previous
   forward have left the batch (`keep_rows`, the same compaction the HF loop does at power-of-two
   live counts: a finished row neither counts nor steers either way).
@@ -62,9 +62,11 @@ class ForwardBatch:
         return self.starts[i + 1] - self.starts[i]
 
     @property
-    def whole_prompts(self) -> bool:
-        """Every request runs its whole prompt, nothing else."""
-        return all(c == 0 and self.scheduled(i) == p
+    def prompts(self) -> bool:
+        """Every request runs the rest of its prompt, nothing else: all of it, or what follows
+        a cached prefix (prefix caching is on only for methods that do not decide per forward,
+        `bwprune.vllm.runner`, so a method that reads prompts always sees them whole)."""
+        return all(c < p and c + self.scheduled(i) == p
                    for i, (c, p) in enumerate(zip(self.computed, self.prompt)))  # fmt: skip
 
     @property
@@ -99,7 +101,7 @@ class Session:
 
     def forward(self, positions: torch.Tensor, run: Callable[[], T]) -> T:
         batch = ForwardBatch.read(self.runner, positions)
-        if not self.slots and batch.whole_prompts:
+        if not self.slots and batch.prompts:
             self.timer.mark()
             return self._prefill(batch, positions.device, run)
         if self.slots and batch.decode and set(batch.req_ids) <= set(self.slots):
@@ -130,7 +132,7 @@ class Session:
     def _prefill(self, batch: ForwardBatch, device: torch.device, run: Callable[[], T]) -> T:
         self.slots, self.rows = list(batch.req_ids), list(batch.req_ids)
         self.driver.start(len(self.slots))
-        lengths = torch.tensor(batch.prompt, device=device)
+        lengths = torch.tensor([batch.scheduled(i) for i in range(len(self.slots))], device=device)
         width = int(lengths.max())
         valid = torch.arange(width, device=device)[None] >= (width - lengths)[:, None]
         padded = batch.tokens != batch.starts[-1]  # slot order is vLLM's: only padding differs

@@ -45,7 +45,7 @@ class Engine:
         self.sampling = SamplingConfig.from_config(cfg.generation)
         self.prepared = prepare_loaded(self.model, self.tok, build_method(cfg.method))
         self.hf = self.prepared.runner(self.sampling, 0, cfg.generation)
-        self.vllm = VLLMRunner(cfg, self.prepared, self.hf, max(map(len, PROMPTS)))
+        self.vllm = VLLMRunner.for_run(cfg, self.prepared, self.hf, max(map(len, PROMPTS)))
         self.stop: list[int] = []
 
     def stop_mid_way(self, method) -> None:

@@ -21,3 +21,9 @@ def test_records_and_report_import_no_torch():
     )
     code = f"import sys; import {', '.join(modules)}; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def test_a_run_imports_vllm_only_when_it_uses_it():
+    """vLLM takes seconds to import and patches torch: an HF run never pays for it."""
+    code = "import sys; import bwprune.experiment, bwprune.cli; sys.exit('vllm' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
