@@ -1,6 +1,8 @@
 """One prepared GPU speed check at 7-8B shape with random weights: dense, ours (scheduled and with
 its mask frozen) and TEAL, each eager and compiled (torch.compile, on CUDA with CUDA graphs), then
-one reasoning-length generation eager vs compiled.
+one reasoning-length generation eager vs compiled, then — where vLLM is installed (`pip install
+vllm`, the CUDA build) — dense in our loop vs dense and ours inside vLLM (eager: ours decides per
+forward), and dense in compiled vLLM.
 
     python3 scripts/gpu_check.py --out DIR      # settings: conf/gpu_check.yaml; flags override
 
@@ -12,6 +14,7 @@ in it.
 
 Needs only torch and transformers (checked on CPU with torch 2.11 and transformers 5.17, the lent
 machine's versions) and PyYAML, which transformers brings: no Hydra, no project install, no network.
+The vLLM part needs vLLM (and the OmegaConf it brings) and is recorded as failed where it is absent.
 The configs are therefore read as plain YAML: each method is built from conf/method/<name>.yaml's
 own values, as run.py would build it, with sparsity, calibration and cache folder set here. The
 model is conf/model/<name>.yaml's `arch` with random weights (bf16 on CUDA): only speed means
@@ -95,11 +98,13 @@ def parse_args() -> argparse.Namespace:
     settings = read_yaml(CONF / "gpu_check.yaml")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for key in ("model", "sparsity", "new_tokens", "prompt_len", "repeats", "warmup",
-                "long_tokens", "long_batch", "budget_s", "backend", "cache_dir"):  # fmt: skip
+                "long_tokens", "long_batch", "budget_s", "backend", "cache_dir",
+                "vllm_kv_cache_gib"):  # fmt: skip
         parser.add_argument(f"--{key.replace('_', '-')}", type=type(settings[key]))
-    for key in ("batch_sizes", "long_methods"):
+    for key in ("batch_sizes", "long_methods", "vllm_batch_sizes", "vllm_methods"):
         kind = type(settings[key][0])
-        parser.add_argument(f"--{key.replace('_', '-')}", type=kind, nargs="+")
+        count = "*" if key.startswith("vllm") else "+"  # no vLLM batch size: no vLLM part
+        parser.add_argument(f"--{key.replace('_', '-')}", type=kind, nargs=count)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default=str(ROOT / "results" / "speed"))
     args = parser.parse_args()
@@ -117,6 +122,37 @@ def build_model(args: argparse.Namespace):
     with torch.device(args.device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     return model, byte_tokenizer(), adapter_for(model)
+
+
+def vllm_rows(args, model, tokenizer, adapter, methods: dict, compiled: bool, log) -> list[dict]:
+    """`methods` in vLLM on this random model against dense in our loop (`bwprune.vllm.speed`);
+    `compiled`: dense alone, in vLLM's compiled engine (a method deciding per forward would run
+    eager there anyway). On CUDA vLLM draws its own random weights of the same shape (a dummy
+    load: no 15 GB written); on CPU it loads these (it packs a dummy load's weights for oneDNN
+    before the plugin can keep them for slicing)."""
+    import tempfile
+
+    from bwprune.engine.ledger import SparsityLedger
+    from bwprune.generation.prepared import PreparedModel
+    from bwprune.generation.runner import BatchedRunner, SamplingConfig
+    from bwprune.vllm.plugin import register
+    from bwprune.vllm.runner import VLLMRunner, VLLMSettings
+    from bwprune.vllm.speed import measure_vllm
+
+    register()  # no project install here: the entry point is not there to do it
+    folder = Path(tempfile.mkdtemp())
+    device = next(model.parameters()).device
+    dummy = device.type == "cuda"
+    (model.config if dummy else model).save_pretrained(folder)
+    base = PreparedModel(model, tokenizer, adapter, methods[list(methods)[-1]],
+                         SparsityLedger(adapter, device))  # fmt: skip
+    hf = BatchedRunner(model, tokenizer, methods["dense"], adapter,
+                       SamplingConfig(args.new_tokens, ignore_eos=True))  # fmt: skip
+    settings = VLLMSettings("true" if compiled else "false", args.vllm_kv_cache_gib, None)
+    engine = VLLMRunner(base, hf, folder, settings, max(args.vllm_batch_sizes), args.prompt_len,
+                        seed=0, load_format="dummy" if dummy else "auto")  # fmt: skip
+    return measure_vllm(engine, methods, args.vllm_batch_sizes, args.new_tokens,
+                        args.prompt_len, args.repeats, args.warmup, 0, log)  # fmt: skip
 
 
 def attempt(run: Callable[[], list[dict]]) -> list[dict] | Exception:
@@ -248,6 +284,10 @@ def main() -> None:
         return measure(model, tokenizer, adapter, chosen, [args.long_batch], args.long_tokens,
                        repeats=1, warmup=0, engines=engines, **timing)  # fmt: skip
 
+    def in_vllm(compiled: bool) -> list[dict]:
+        chosen = {k: methods[k] for k in (["dense"] if compiled else args.vllm_methods)}
+        return vllm_rows(args, model, tokenizer, adapter, chosen, compiled, log)
+
     # Eager and compiled are parts of their own (speedups are against dense on the same engine),
     # so the first record comes before any compilation and the budget is weighed finely.
     first, *others = args.batch_sizes
@@ -255,6 +295,9 @@ def main() -> None:
     if args.long_tokens:
         parts.append((f"long: {args.long_tokens} tokens at batch {args.long_batch}", long))
     parts += [(f"batch {b}, {e}", partial(batch, b, e)) for b in others for e in engines]
+    if args.vllm_batch_sizes:
+        parts += [(f"vllm {e}: batch {args.vllm_batch_sizes}", partial(in_vllm, e == "compiled"))
+                  for e in engines]  # fmt: skip
     record = Record(args)
     parts = [(name, partial(attempt, run)) for name, run in parts]
     seen = compilations()

@@ -90,12 +90,27 @@ class VLLMHost(Host):
                 f"{type(self.method).__name__} decides inside every forward, which vLLM's "
                 "compiled model would freeze at warm-up; run it with enforce_eager"
             )
-        if self.glued and not hasattr(model, "bwprune_weights"):
+        if self.glued and not hasattr(model, "bwprune_session"):
             raise UserError(
                 f"the vLLM model is {type(model).__name__}, not one of the bwprune plugin's "
                 "(bwprune.vllm.plugin): is bwprune installed in vLLM's environment?"
             )
         return super().attach(model, adapter)
+
+    @staticmethod
+    def mlp_weights(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's (gate|up, down) weights: those the plugin kept at load time, else the
+        layers' own (random weights of a dummy load, which calls no `load_weights`) while vLLM
+        has not packed them away."""
+        kept = getattr(model, "bwprune_weights", None)
+        if kept is not None:
+            return kept
+        own = [(layer.mlp.gate_up_proj.weight, layer.mlp.down_proj.weight)
+               for layer in model.model.layers]  # fmt: skip
+        if any(w.numel() == 0 for pair in own for w in pair):
+            raise UserError("vLLM packed the MLP weights before the plugin could keep them "
+                            "(a dummy load on CPU): load real weights")  # fmt: skip
+        return own
 
     def place(self, order: torch.Tensor | None) -> None:
         """The next forward's tokens: vLLM's index of each of the method's tokens (None: vLLM
@@ -106,7 +121,7 @@ class VLLMHost(Host):
         layers = model.model.layers
         if [s.mlp for s in self.sliced] != [layer.mlp for layer in layers]:
             self.sliced = [SlicedMLP(layer.mlp, *w) for layer, w in
-                           zip(layers, model.bwprune_weights)]  # fmt: skip
+                           zip(layers, self.mlp_weights(model))]  # fmt: skip
         return [FFNSlot(layer, "mlp", layer.mlp.down_proj, s)
                 for layer, s in zip(layers, self.sliced)]  # fmt: skip
 
@@ -114,8 +129,7 @@ class VLLMHost(Host):
         decoder = model.model.layers[layer]
         mlp = decoder.mlp
         if name == "gate_act":  # vLLM fuses gate and up: the gate is the first half
-            d = mlp.down_proj.weight.shape[1] if mlp.down_proj.weight.numel() else \
-                model.bwprune_weights[layer][1].shape[1]  # fmt: skip
+            d = self.mlp_weights(model)[layer][1].shape[1]
             return Site(
                 mlp.gate_up_proj, "output", F.silu,
                 part=lambda out: out[0][..., :d],

@@ -18,7 +18,8 @@ def _run(tmp_path: Path, *flags: str) -> dict:
     command = [sys.executable, str(SCRIPT), "--model", "tiny_llama", "--device", "cpu",
                "--backend", "eager", "--batch-sizes", "1", "2", "--new-tokens", "10",
                "--repeats", "1", "--long-tokens", "12", "--long-batch", "2",
-               "--cache-dir", str(tmp_path / "cache"), "--out", str(out), *flags]  # fmt: skip
+               "--cache-dir", str(tmp_path / "cache"), "--vllm-batch-sizes",
+               "--out", str(out), *flags]  # fmt: skip
     subprocess.run(command, check=True, capture_output=True, text=True, cwd=tmp_path)
     (record,) = out.glob("*.json")
     return json.loads(record.read_text())
@@ -66,3 +67,21 @@ def test_a_failing_part_is_recorded_and_the_next_parts_still_run(tmp_path):
     assert [f["name"] for f in record["failed"]] == ["batch 1, compiled", "batch 2, compiled"]
     assert "no_such_backend" in record["failed"][0]["error"]
     assert [p["name"] for p in record["parts"]] == ["batch 1, eager", "batch 2, eager"]
+
+
+@pytest.mark.slow
+def test_the_vllm_part_runs_where_vllm_is_installed(tmp_path):
+    """Dense in our loop against dense and ours inside vLLM, then dense in compiled vLLM; on
+    CPU with a model vLLM's attention takes."""
+    pytest.importorskip("vllm", reason="the GPU check's vLLM part needs vllm")
+    record = _run(tmp_path, "--model", "tiny_llama_wide", "--batch-sizes", "1",
+                  "--long-tokens", "0", "--vllm-batch-sizes", "2",
+                  "--vllm-kv-cache-gib", "0.25")  # fmt: skip
+    vllm = [p for p in record["parts"] if p["name"].startswith("vllm")]
+    assert [p["name"] for p in vllm] == ["vllm eager: batch [2]", "vllm compiled: batch [2]"]
+    assert record["failed"] == []
+    assert {r["method"] for r in vllm[0]["rows"]} == {
+        "dense", "dense@vllm", "ours@vllm", "ours_frozen@vllm"}  # fmt: skip
+    assert {r["method"] for r in vllm[1]["rows"]} == {"dense", "dense@vllm"}
+    frozen = next(r for r in vllm[0]["rows"] if r["method"] == "ours_frozen@vllm")
+    assert frozen["sparse_fraction"] == 1.0
