@@ -3,7 +3,9 @@
 All methods are measured in ONE process on the same prompts, after warm-up, alternating the order
 every repeat (A B C, C B A, ...) so drift hits all of them alike; every generation is forced to
 exactly `new_tokens` tokens (no early EOS) so every method does the same work. Speedups are taken
-pair by pair against dense within a repeat, then the median and range over repeats are reported.
+pair by pair against dense within a repeat; repeats are added until every speedup's interval of
+the median is tight (`alternate_until`, the procedure of a run's paired timing), and the median,
+range and interval over repeats are reported, with the load the machine was under.
 
 The bound (`bwprune.runs.speedup`): a decode step reads every weight once, so skipping parameters
 can at best speed a step up by bytes(dense) / bytes(kept). For a scheduled method (dense and sparse
@@ -34,10 +36,10 @@ from bwprune.generation.runner import (
     SamplingConfig,
 )
 from bwprune.generation.stream import StreamRunner
-from bwprune.generation.timing import alternate
+from bwprune.generation.timing import Precision, alternate, alternate_until
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import ModelAdapter
-from bwprune.runs.speedup import schedule_ideal, sparse_step_bound, spread
+from bwprune.runs.speedup import median_interval, schedule_ideal, sparse_step_bound, spread
 
 HF_GENERATE = "hf_generate"  # label of the reference: transformers' own generate loop, dense
 T = TypeVar("T")
@@ -61,16 +63,17 @@ def measure(
     adapter: ModelAdapter,
     methods: Mapping[str, PruningMethod],
     batch_sizes: list[int],
+    precision: Precision,
     new_tokens: int = 128,
     prompt_len: int = 64,
-    repeats: int = 5,
     warmup: int = 1,
     seed: int = 0,
     with_hf_generate: bool = True,
     log: Callable[[str], None] = lambda _: None,
     engines: Mapping[str, EngineConfig] | None = None,
 ) -> list[dict]:
-    """One row per (batch size, method, engine): timings with spread, speedup vs dense, bounds.
+    """One row per (batch size, method, engine): timings with spread, speedup vs dense with its
+    interval, bounds, and how the repeats met `precision` (`precision` of each row).
 
     `methods` must contain "dense"; each method must already be prepared. Prompts are random
     token ids of `prompt_len` (no padding), the same for every method. `engines` maps a label to
@@ -99,11 +102,12 @@ def measure(
         }
         if with_hf_generate:
             trials[HF_GENERATE] = partial(_time_hf_generate, model, ids, new_tokens)
-        samples = alternate(
-            trials, repeats, warmup,
-            lambda rep, b=batch: log(f"batch {b}: repeat {rep + 1}/{warmup + repeats} done"),
+        samples, stop = alternate_until(
+            trials, precision, warmup, _speedups,
+            lambda rep, b=batch: log(f"batch {b}: repeat {rep + 1} done"),
         )  # fmt: skip
-        rows += _summarize(batch, samples, weight_bytes(model))
+        summary = _summarize(batch, samples, weight_bytes(model), precision.confidence)
+        rows += [{**row, "precision": stop} for row in summary]
     return rows
 
 
@@ -136,6 +140,31 @@ def within_budget(
 
 def _label(method: str, engine: str) -> str:
     return method if engine == "eager" else f"{method}@{engine}"
+
+
+def _speedups(samples: Mapping[str, list[dict]]) -> list[list[float]]:
+    """Every trial's end-to-end speedup against dense on its engine, per repeat: what the
+    repeats must pin down."""
+    out = []
+    for name, runs in samples.items():
+        dense = _label("dense", _engine(name))
+        if name != dense:
+            out.append([d["e2e_s"] / r["e2e_s"] for d, r in zip(samples[dense], runs)])
+    return out
+
+
+def _engine(label: str) -> str:
+    return label.partition("@")[2] or "eager"
+
+
+def _ratio_spread(ratios: list[float], confidence: float) -> dict:
+    """`spread` of speedups, with the interval of their median (`low`, `high`) where the repeats
+    allow one."""
+    out = spread(ratios)
+    interval = median_interval(ratios, confidence)
+    if interval is not None:
+        out["low"], out["high"] = interval
+    return out
 
 
 def _run_once(runner: BatchedRunner, ids, attn) -> dict:
@@ -261,7 +290,7 @@ def measure_streaming(
     }  # fmt: skip
 
 
-def _summarize(batch: int, samples: dict[str, list[dict]], bytes_: dict):
+def _summarize(batch: int, samples: dict[str, list[dict]], bytes_: dict, confidence: float):
     frozen_r: dict[str, float] = {}  # per engine: measured speedup of an every-step-sparse method
     rows = []
     for name, runs in samples.items():
@@ -271,10 +300,12 @@ def _summarize(batch: int, samples: dict[str, list[dict]], bytes_: dict):
         for key in ("prefill_s", "decode_s", "e2e_s", "step_ms", "tokens_per_s"):
             if key in runs[0]:
                 row[key] = spread([r[key] for r in runs])
-        row["speedup_e2e"] = spread([d["e2e_s"] / r["e2e_s"] for d, r in zip(dense, runs)])
+        row["speedup_e2e"] = _ratio_spread(
+            [d["e2e_s"] / r["e2e_s"] for d, r in zip(dense, runs)], confidence
+        )
         if "decode_s" in runs[0]:
-            row["speedup_decode"] = spread(
-                [d["decode_s"] / r["decode_s"] for d, r in zip(dense, runs)]
+            row["speedup_decode"] = _ratio_spread(
+                [d["decode_s"] / r["decode_s"] for d, r in zip(dense, runs)], confidence
             )
             step_r = spread([d["step_ms"] / r["step_ms"] for d, r in zip(dense, runs)])["median"]
             realized = runs[0]["sparsity"]

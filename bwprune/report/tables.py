@@ -27,7 +27,7 @@ from bwprune.report.control import control_runs, protocol_runs
 from bwprune.report.matched import is_matched, matched_frame
 from bwprune.report.pareto import CURVE, X, curves, interpolate
 from bwprune.report.selection import defaults_only, pareto_runs, row_mask
-from bwprune.report.speed_table import SPEED_COLUMNS, table_cells
+from bwprune.report.speed_table import SPEED_COLUMNS, precision_note, table_cells
 from bwprune.report.stream import MEASURES as STREAM_MEASURES
 from bwprune.report.stream import stream_pairs
 
@@ -343,7 +343,7 @@ def speed_table(name: str, rows: list[dict]) -> Table:
     note = (
         f"Median [min, max] over repeats, methods alternated in one process (`make bench`; "
         f"record: results/speed/{name}.json). Bounds: bwprune/generation/speed.py."
-    )
+    ) + precision_note(rows)
     frame = pd.DataFrame(table_cells(rows), columns=list(SPEED_COLUMNS))
     return Table(f"Speed: {name}", frame, [], note)
 

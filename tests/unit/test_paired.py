@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bwprune.cli import summary
+from bwprune.cli import speedup_line, summary
 from bwprune.config import compose_config
 from bwprune.errors import UserError
 from bwprune.experiment import run
@@ -23,6 +23,7 @@ from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
 from bwprune.runs.pairing import pairing_key
 from bwprune.runs.speedup import paired_speedup, schedule_ideal, step_span, time_to_answer
+from bwprune.runs.tracking import summary_metrics
 from tests.conftest import CONF_DIR, chat, tiny_model
 
 TINY = ["model=tiny_llama", "limit=4", "batch_size=2", "generation.max_new_tokens=16"]
@@ -67,6 +68,12 @@ def test_a_run_timed_to_a_precision_carries_the_interval_and_whether_it_was_reac
     assert i["half_width"] == pytest.approx(0.25 / 1.25) and not i["reached"]
     assert (i["pairs"], i["load_max"], i["overloaded"]) == ([6], 2.5, True)
     assert step_span(s["step"]) == (1.0, 1.5, "interval")
+    line = speedup_line(s)
+    assert "6 pairs, 95% interval ±20.0%, target ±3% not reached; load 2.5 above" in line, line
+    assert "step 1.25x [1.00, 1.50]" in line
+    wandb = summary_metrics({"benchmark": "gsm8k", "metrics": {"speedup": s}})
+    assert (wandb["speed/speedup_step_low"], wandb["speed/pairs"]) == (1.0, 6)
+    assert wandb["speed/interval_reached"] is False and wandb["speed/interval_overloaded"]
     del row["paired"]["precision"]  # timed before intervals: min-max only
     s = paired_speedup([row], {"params": 0.0, "sparse_step_fraction": 0.0})
     assert "low" not in s["step"] and "interval" not in s
@@ -117,7 +124,8 @@ def test_dense_against_itself_is_one_within_its_spread(tmp_path):
     assert (s["batches"], s["repeats"]) == (2, 10)
     for key in ("step", "e2e"):
         assert s[key]["min"] <= 1.0 <= s[key]["max"], s
-    assert "speedup vs dense (paired, 2 batches, 10 trials)" in summary(record, str(tmp_path))
+    line = summary(record, str(tmp_path))
+    assert "speedup vs dense (paired, 2 batches, 10 pairs, 95% interval ±" in line, line
 
 
 def test_a_method_that_edits_weights_is_timed_against_the_model_as_loaded(

@@ -1,12 +1,18 @@
-"""Timing (bwprune/generation/timing.py): the alternation every paired comparison uses, and step
-intervals read without a sync per step."""
+"""Timing (bwprune/generation/timing.py): the alternation every paired comparison uses, adaptive
+(`alternate_until`) for a run's paired timing and `make bench`, and step intervals read without a
+sync per step."""
 
 import pytest
 import torch
 
 from bwprune.generation.interference import between, snapshot
+from bwprune.generation.speed import measure
 from bwprune.generation.timing import Precision, StepTimer, alternate, alternate_until
+from bwprune.methods.base import PruningMethod
+from bwprune.models.adapters import adapter_for
+from bwprune.report.speed_table import markdown_table
 from bwprune.runs.speedup import median_interval
+from tests.conftest import tiny_model
 
 
 def test_alternation_reverses_the_order_every_repeat_and_drops_warm_up():
@@ -87,3 +93,15 @@ def test_interference_flags_a_load_above_the_cores_and_reads_steal(tmp_path):
     quiet = between({"load": 1.3, "ticks": None}, {"load": 1.9, "ticks": None}, cores=2)
     busy = between({"load": 1.3, "ticks": None}, {"load": 2.4, "ticks": None}, cores=2)
     assert (quiet["overloaded"], busy["overloaded"], busy["steal"]) == (False, True, None)
+
+
+def test_make_bench_times_through_the_same_procedure_and_shows_its_intervals():
+    model, tok = tiny_model("tiny_llama")
+    methods = {"dense": PruningMethod(), "dense_again": PruningMethod()}
+    rows = measure(model, tok, adapter_for(model), methods, [2], Precision(6, 6, 0.03, 0.95, 1e9),
+                   new_tokens=4, prompt_len=8, warmup=0, with_hf_generate=False)  # fmt: skip
+    again = next(r for r in rows if r["method"] == "dense_again")
+    assert again["precision"]["pairs"] == 6 and again["repeats"] == 6
+    s = again["speedup_decode"]
+    assert s["low"] == s["min"] and s["high"] == s["max"]  # 6 repeats: (min, max) at 95 %
+    assert "Speedups: median [95% interval of the median]" in markdown_table(rows)
