@@ -70,12 +70,14 @@ def main(overrides: list[str]) -> None:
         table = markdown_table(record["overhead"])
         text += f"Overhead probe ({bench.overhead.model}):\n\n{table}\n"
     if "compaction" in parts:
-        record["compaction"] = measure_compaction(model, tokenizer, adapter, **bench.compaction)
+        record["compaction"] = measure_compaction(
+            model, tokenizer, adapter, precision, **bench.compaction, warmup=bench.warmup
+        )
         text += f"{compaction_line(record['compaction'])}\n"
     if "stream" in parts:
         record["stream"] = measure_streaming(
-            model, tokenizer, adapter, **bench.stream, prompt_len=bench.prompt_len,
-            repeats=bench.repeats, warmup=bench.warmup, seed=cfg.seed,
+            model, tokenizer, adapter, precision, **bench.stream, prompt_len=bench.prompt_len,
+            warmup=bench.warmup, seed=cfg.seed,
         )  # fmt: skip
         text += f"\n{stream_line(record['stream'])}\n"
     device = str(next(model.parameters()).device)

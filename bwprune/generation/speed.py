@@ -36,7 +36,7 @@ from bwprune.generation.runner import (
     SamplingConfig,
 )
 from bwprune.generation.stream import StreamRunner
-from bwprune.generation.timing import Precision, alternate, alternate_until
+from bwprune.generation.timing import Precision, alternate_until
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import ModelAdapter
 from bwprune.runs.speedup import median_interval, schedule_ideal, sparse_step_bound, spread
@@ -184,14 +184,15 @@ def measure_compaction(
     model: nn.Module,
     tokenizer,
     adapter: ModelAdapter,
+    precision: Precision,
     batch: int = 8,
     short: int = 16,
     long: int = 256,
-    repeats: int = 3,
     warmup: int = 1,
 ) -> dict:
     """Decode time of a batch whose rows all stop after `short` tokens but one, which runs to
-    `long`, with and without live-row compaction (dense, teacher-forced, alternated)."""
+    `long`, with and without live-row compaction (dense, teacher-forced, alternated until the
+    ratio's interval meets `precision`)."""
     device = next(model.parameters()).device
     ids = torch.randint(3, min(tokenizer.vocab_size, 1000), (batch, 32)).to(device)
     attn = torch.ones_like(ids)
@@ -212,12 +213,18 @@ def measure_compaction(
     def decode_s(flag: bool) -> float:
         return runners[flag].generate_tokens(ids, attn, forced=forced)[1].decode_s
 
-    times = alternate({"with": partial(decode_s, True), "without": partial(decode_s, False)},
-                      repeats, warmup)  # fmt: skip
-    ratios = [a / b for a, b in zip(times["with"], times["without"])]
-    return {"batch": batch, "short": short, "long": long, "repeats": repeats,
+    def ratios(times: Mapping[str, list[float]]) -> list[list[float]]:
+        return [[a / b for a, b in zip(times["with"], times["without"])]]
+
+    times, stop = alternate_until(
+        {"with": partial(decode_s, True), "without": partial(decode_s, False)},
+        precision, warmup, ratios,
+    )  # fmt: skip
+    return {"batch": batch, "short": short, "long": long, "repeats": stop["pairs"],
             "decode_s_compaction": spread(times["with"]),
-            "decode_s_without": spread(times["without"]), "ratio": spread(ratios)}  # fmt: skip
+            "decode_s_without": spread(times["without"]),
+            "ratio": _ratio_spread(ratios(times)[0], precision.confidence),
+            "precision": stop}  # fmt: skip
 
 
 def stream_lengths(items: int, short: tuple[int, int], long: int, long_fraction: float,
@@ -234,20 +241,21 @@ def measure_streaming(
     model: nn.Module,
     tokenizer,
     adapter: ModelAdapter,
+    precision: Precision,
     batch: int = 8,
     items: int = 32,
     short: tuple[int, int] = (16, 64),
     long: int = 256,
     long_fraction: float = 0.125,
     prompt_len: int = 64,
-    repeats: int = 3,
     warmup: int = 1,
     seed: int = 0,
 ) -> dict:
     """Decode tokens/s of the same heavy-tailed work (`stream_lengths`, dense, teacher-forced)
     in static batches of `batch` (with live-row compaction) and continuously batched in `batch`
-    slots, alternated. Tokens/s counts every generated token over decode time (and, end to end,
-    over decode plus prefill: a stream prefills its entering rows between steps)."""
+    slots, alternated until the ratio's interval meets `precision`. Tokens/s counts every
+    generated token over decode time (and, end to end, over decode plus prefill: a stream
+    prefills its entering rows between steps)."""
     device = next(model.parameters()).device
     lengths = stream_lengths(items, tuple(short), long, long_fraction, seed)
     g = torch.Generator().manual_seed(seed)
@@ -275,18 +283,28 @@ def measure_streaming(
         stream.run(prompts, lambda _i, _c, t: times.append(t), forced=forced)
         return sum(t.decode_s for t in times), sum(t.prefill_s for t in times)
 
-    runs = alternate({"static": static, "continuous": continuous}, repeats, warmup)
+    def ratios(runs: Mapping[str, list[tuple[float, float]]]) -> list[list[float]]:
+        """Continuous over static tokens/s, per repeat: static decode time / continuous."""
+        return [[s[0] / c[0] for s, c in zip(runs["static"], runs["continuous"])]]
+
+    runs, stop = alternate_until(
+        {"static": static, "continuous": continuous}, precision, warmup, ratios
+    )
     tokens = sum(lengths)
     rates = {k: [tokens / d for d, _ in v] for k, v in runs.items()}
     e2e = {k: [tokens / (d + p) for d, p in v] for k, v in runs.items()}
     return {
         "batch": batch, "items": items, "short": list(short), "long": long,
         "long_fraction": long_fraction, "tokens": tokens, "capped": lengths.count(long),
-        "repeats": repeats, "rebases": stream.rebases,
+        "repeats": stop["pairs"], "rebases": stream.rebases, "precision": stop,
         "tokens_per_s_static": spread(rates["static"]),
         "tokens_per_s_continuous": spread(rates["continuous"]),
-        "ratio": spread([c / s for c, s in zip(rates["continuous"], rates["static"])]),
-        "ratio_e2e": spread([c / s for c, s in zip(e2e["continuous"], e2e["static"])]),
+        "ratio": _ratio_spread(
+            [c / s for c, s in zip(rates["continuous"], rates["static"])], precision.confidence
+        ),
+        "ratio_e2e": _ratio_spread(
+            [c / s for c, s in zip(e2e["continuous"], e2e["static"])], precision.confidence
+        ),
     }  # fmt: skip
 
 

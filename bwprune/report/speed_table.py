@@ -56,8 +56,7 @@ def compaction_line(c: dict) -> str:
     return (
         f"Live-row compaction: {c['batch']} rows, {c['batch'] - 1} stop after {c['short']} tokens, "
         f"one runs to {c['long']}: decode {with_:.2f} s with, {without:.2f} s without "
-        f"(ratio {ratio:.2f} [{c['ratio']['min']:.2f}, {c['ratio']['max']:.2f}], "
-        f"median of {c['repeats']})."
+        f"(ratio {ratio:.2f} {_bracket(c['ratio'])}, median of {c['repeats']})."
     )
 
 
@@ -69,8 +68,7 @@ def stream_line(c: dict) -> str:
         f"{c['long']} tokens, the others stop after {c['short'][0]}-{c['short'][1]}: decode "
         f"{c['tokens_per_s_continuous']['median']:.1f} tok/s continuous vs "
         f"{c['tokens_per_s_static']['median']:.1f} static batches (ratio {r['median']:.2f} "
-        f"[{r['min']:.2f}, {r['max']:.2f}]; with prefill {e2e['median']:.2f}), median of "
-        f"{c['repeats']}."
+        f"{_bracket(r)}; with prefill {e2e['median']:.2f}), median of {c['repeats']}."
     )
 
 
@@ -93,3 +91,11 @@ def precision_note(rows: list[dict]) -> str:
         f" Speedups: median [{100 * first['confidence']:g}% interval of the median], repeats "
         f"added until each is within ±{100 * first['target']:g}% ({'; '.join(parts)})."
     )
+
+
+def _bracket(ratio: dict) -> str:
+    """`[low, high] (interval of the median)` where the ratio has one, else `[min, max]` (records
+    made before intervals)."""
+    if "low" in ratio:
+        return f"[{ratio['low']:.2f}, {ratio['high']:.2f}] (interval of the median)"
+    return f"[{ratio['min']:.2f}, {ratio['max']:.2f}]"
