@@ -176,6 +176,11 @@ def test_a_finished_run_gets_its_speedup_measured_after_the_fact(cfg_factory):
     assert {k: v for k, v in m.items() if k not in ("speedup", "time_to_answer")} == {
         k: v for k, v in record["metrics"].items()
     }
+    # Re-timed on fewer batches: the later batch's earlier timing no longer counts.
+    again = remeasure(folder, cfg_factory("speed.batches=1", "speed.repeats=6",
+                                          "speed.max_repeats=6"))["metrics"]["speedup"]  # fmt: skip
+    assert (again["batches"], again["repeats"], again["interval"]["pairs"]) == (1, 6, [6])
+    assert "low" in again["step"]
 
 
 def test_bad_speed_settings_name_the_value(cfg_factory):
