@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from bwprune.runs.identity import run_key
 from bwprune.runs.recorder import RunRecorder
+from bwprune.runs.speedup import step_span
 
 BAD_INPUT, INTERRUPTED = 2, 130  # 130 = 128 + SIGINT, what a shell reports for Ctrl-C
 PROBE_BYTES = 1 << 15  # written (and removed) before a run: more than Hydra saves before a job
@@ -64,20 +65,37 @@ def summary(record: dict, runs_dir: str) -> str:
 
 
 def speedup_line(s: dict, time_to_answer: float | None = None) -> str:
-    """The paired speedup with its spread, the bound and ideal beside it, and what timing cost."""
+    """The paired speedup with its interval (min-max for runs timed before intervals), how the
+    pairs met the target precision and what loaded the machine, the bound and ideal beside it,
+    and what timing cost."""
 
     def x(spread: dict | None) -> str:
         if spread is None:  # no timed trial had any of this time (rows stopped at once)
             return "n/a"
-        return f"{spread['median']:.2f}x [{spread['min']:.2f}, {spread['max']:.2f}]"
+        low, high, _ = step_span(spread)
+        return f"{spread['median']:.2f}x [{low:.2f}, {high:.2f}]"
 
     waits = f"; time-to-answer {time_to_answer:.2f}x" if time_to_answer else ""
     return (
-        f"  speedup vs dense (paired, {plural(s['batches'], 'batch')}, "
-        f"{s['repeats']} trials): "
+        f"  speedup vs dense (paired, {plural(s['batches'], 'batch')}, {_precision(s)}): "
         f"step {x(s['step'])}, end-to-end {x(s['e2e'])}; bandwidth bound "
         f"{s['bandwidth_bound']:.2f}x, schedule ideal {s['ideal']:.2f}x{waits}; timing took "
         f"{s['overhead_s']:.0f} s (+{100 * s['overhead_fraction']:.0f}% of generation)"
+    )
+
+
+def _precision(s: dict) -> str:
+    """`6 trials` (min-max, timed before intervals) or `14 pairs, 95% interval ±2.1%, target ±3%
+    reached`, with the load when it exceeded the cores."""
+    i = s.get("interval")
+    if i is None:
+        return f"{s['repeats']} trials"
+    width = "none" if i["half_width"] is None else f"±{100 * i['half_width']:.1f}%"
+    reached = "reached" if i["reached"] else "not reached"
+    load = f"; load {i['load_max']:.1f} above the cores" if i["overloaded"] else ""
+    return (
+        f"{s['repeats']} pairs, {100 * i['confidence']:.0f}% interval {width}, target "
+        f"±{100 * i['target']:g}% {reached}{load}"
     )
 
 

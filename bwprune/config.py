@@ -33,10 +33,11 @@ def register_resolvers() -> None:
 # Numeric keys, checked for their type before their range: "abc" or 2.5 is a bad value, not a
 # traceback from float() or a batch size silently cut to 2. `NULLABLE` keys may also be null.
 INTEGERS = ("batch_size", "seed", "limit", "shard", "num_shards", "generation.max_new_tokens",
-            "generation.num_samples", "speed.batches", "speed.repeats", "speed.warmup",
-            "cost.problems", "cost.max_trials", "cost.max_new_tokens")  # fmt: skip
+            "generation.num_samples", "speed.batches", "speed.repeats", "speed.max_repeats",
+            "speed.warmup", "cost.problems", "cost.max_trials", "cost.max_new_tokens")  # fmt: skip
 NUMBERS = ("sparsity", "generation.temperature", "generation.top_p", "cost.target",
-           "cost.tolerance", "cost.max_rho")  # fmt: skip
+           "cost.tolerance", "cost.max_rho", "speed.half_width", "speed.confidence",
+           "speed.budget_s")  # fmt: skip
 NULLABLE = ("limit", "cost.target")
 PAIRED = ("auto", "true", "false")  # speed.paired (YAML gives the last two as booleans)
 BATCHING = ("static", "continuous")  # generation.batching
@@ -88,6 +89,11 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(
             f"speed.batches={speed.batches} and speed.warmup={speed.warmup} must be >= 0, "
             f"speed.repeats={speed.repeats} >= 1"
+        )
+    if speed.max_repeats < speed.repeats or not 0 < speed.confidence < 1:
+        raise UserError(
+            f"speed.max_repeats={speed.max_repeats} must be >= speed.repeats={speed.repeats}, "
+            f"speed.confidence={speed.confidence} between 0 and 1"
         )
     if cfg.model.dtype not in DTYPES:
         raise choices_error("model.dtype", cfg.model.dtype, DTYPES)

@@ -23,6 +23,7 @@ from bwprune.config import build_method, compose_config
 from bwprune.engine.protocol import MethodDriver
 from bwprune.generation.runner import EngineConfig
 from bwprune.generation.speed import measure, measure_compaction, measure_streaming
+from bwprune.generation.timing import Precision
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import ModelAdapter, adapter_for
 from bwprune.models.loading import load_model
@@ -42,6 +43,7 @@ def main(overrides: list[str]) -> None:
         sys.exit(f"error: bench.parts={unknown} unknown; choose from {list(PARTS)}")
     torch.set_num_threads(bench.threads)
     engines = {k: EngineConfig(**OmegaConf.to_container(v)) for k, v in bench.engines.items()}
+    precision = Precision.from_config(bench)
     model, tokenizer = load_model(cfg.model, cfg.paths.cache_dir)
     adapter = adapter_for(model)
     record: dict = {"bench": OmegaConf.to_container(bench)}
@@ -49,8 +51,8 @@ def main(overrides: list[str]) -> None:
     if "methods" in parts:
         methods = prepared(bench.methods, overrides, model, adapter, tokenizer)
         record["rows"] = measure(
-            model, tokenizer, adapter, methods, list(bench.batch_sizes), bench.new_tokens,
-            bench.prompt_len, bench.repeats, bench.warmup, cfg.seed, bench.hf_generate,
+            model, tokenizer, adapter, methods, list(bench.batch_sizes), precision,
+            bench.new_tokens, bench.prompt_len, bench.warmup, cfg.seed, bench.hf_generate,
             log=print, engines=engines,
         )  # fmt: skip
         text += f"{markdown_table(record['rows'])}\n"
@@ -61,20 +63,21 @@ def main(overrides: list[str]) -> None:
         thin_adapter = adapter_for(thin)
         probes = prepared(bench.overhead.methods, thin_overrides, thin, thin_adapter, thin_tok)
         record["overhead"] = measure(
-            thin, thin_tok, thin_adapter, probes,
-            list(bench.overhead.batch_sizes), bench.overhead.new_tokens, bench.prompt_len,
-            bench.repeats, bench.warmup, cfg.seed, with_hf_generate=False, log=print,
-            engines=engines,
+            thin, thin_tok, thin_adapter, probes, list(bench.overhead.batch_sizes), precision,
+            bench.overhead.new_tokens, bench.prompt_len, bench.warmup, cfg.seed,
+            with_hf_generate=False, log=print, engines=engines,
         )  # fmt: skip
         table = markdown_table(record["overhead"])
         text += f"Overhead probe ({bench.overhead.model}):\n\n{table}\n"
     if "compaction" in parts:
-        record["compaction"] = measure_compaction(model, tokenizer, adapter, **bench.compaction)
+        record["compaction"] = measure_compaction(
+            model, tokenizer, adapter, precision, **bench.compaction, warmup=bench.warmup
+        )
         text += f"{compaction_line(record['compaction'])}\n"
     if "stream" in parts:
         record["stream"] = measure_streaming(
-            model, tokenizer, adapter, **bench.stream, prompt_len=bench.prompt_len,
-            repeats=bench.repeats, warmup=bench.warmup, seed=cfg.seed,
+            model, tokenizer, adapter, precision, **bench.stream, prompt_len=bench.prompt_len,
+            warmup=bench.warmup, seed=cfg.seed,
         )  # fmt: skip
         text += f"\n{stream_line(record['stream'])}\n"
     if "vllm" in parts:  # last: vLLM's engine stays in this process once started

@@ -44,6 +44,7 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 from bwprune.engine.protocol import MethodDriver  # noqa: E402
 from bwprune.generation.runner import EngineConfig  # noqa: E402
 from bwprune.generation.speed import measure, within_budget  # noqa: E402
+from bwprune.generation.timing import Precision  # noqa: E402
 from bwprune.models.adapters import adapter_for  # noqa: E402
 from bwprune.models.byte_tokenizer import byte_tokenizer  # noqa: E402
 from bwprune.report.speed_table import markdown_table  # noqa: E402
@@ -274,15 +275,18 @@ def main() -> None:
                "compiled": EngineConfig(compile=True, backend=args.backend)}  # fmt: skip
     timing = dict(prompt_len=args.prompt_len, log=log, with_hf_generate=False)
 
+    def fixed(repeats: int) -> Precision:  # a lent GPU's minutes fix the count, not the interval
+        return Precision(repeats, repeats, args.half_width, args.confidence, args.budget_s)
+
     def batch(size: int, engine: str) -> list[dict]:
-        return measure(model, tokenizer, adapter, methods, [size], args.new_tokens,
-                       repeats=args.repeats, warmup=args.warmup,
-                       engines={engine: engines[engine]}, **timing)  # fmt: skip
+        return measure(model, tokenizer, adapter, methods, [size], fixed(args.repeats),
+                       args.new_tokens, warmup=args.warmup, engines={engine: engines[engine]},
+                       **timing)  # fmt: skip
 
     def long() -> list[dict]:  # one run each, no warm-up: the compiled run pays its compilation
         chosen = {k: methods[k] for k in dict.fromkeys(["dense", *args.long_methods])}
-        return measure(model, tokenizer, adapter, chosen, [args.long_batch], args.long_tokens,
-                       repeats=1, warmup=0, engines=engines, **timing)  # fmt: skip
+        return measure(model, tokenizer, adapter, chosen, [args.long_batch], fixed(1),
+                       args.long_tokens, warmup=0, engines=engines, **timing)  # fmt: skip
 
     def in_vllm(compiled: bool) -> list[dict]:
         chosen = {k: methods[k] for k in (["dense"] if compiled else args.vllm_methods)}

@@ -1,8 +1,11 @@
 """`python scripts/measure_speedup.py RUN_DIR [RUN_DIR ...] [overrides]`: a finished run's paired
 speedup over dense, measured now on its first recorded batches (`bwprune.generation.remeasure`).
 
-Overrides are config keys of this checkout, e.g. speed.batches=3 speed.repeats=5. Measure on a
-quiet machine: the pairs are alternated, but a noisy machine widens their spread.
+Overrides are config keys of this checkout, e.g. speed.batches=1 speed.half_width=0.02. The
+pairs are timed as a new run times them (`speed`: alternated until the interval of the median is
+within ±speed.half_width, at most speed.max_repeats pairs or speed.budget_s seconds a batch), and
+the load is recorded: measure on a quiet machine, where the target is reached in fewer pairs, and
+read the printed line for "not reached" or "load above the cores".
 """
 
 import sys

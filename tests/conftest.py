@@ -23,8 +23,8 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 TINY_MODELS = ("tiny_llama", "tiny_qwen2")
 
 
-# Paired timing stays on in tests (every pruned run exercises it) but times one trial of one batch.
-QUICK_SPEED = ["speed.batches=1", "speed.repeats=1", "speed.warmup=0"]
+# Paired timing stays on in tests (every pruned run exercises it) but times one pair of one batch.
+QUICK_SPEED = ["speed.batches=1", "speed.repeats=1", "speed.max_repeats=1", "speed.warmup=0"]
 
 
 def compose_cfg(overrides: list[str] = (), tmp_path: Path | None = None) -> DictConfig:

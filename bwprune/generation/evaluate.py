@@ -31,6 +31,7 @@ from bwprune.generation.quality import (
 from bwprune.generation.runner import BatchedRunner, BatchTiming, SamplingConfig
 from bwprune.generation.samples import sample_row, timing_row
 from bwprune.generation.stream import StreamRunner
+from bwprune.generation.timing import Precision
 from bwprune.methods.base import PruningMethod
 from bwprune.models.loading import load_model
 from bwprune.runs.identity import target_sparsity
@@ -217,7 +218,7 @@ def paired_timing(cfg: DictConfig, runner: BatchedRunner, prepared: PreparedMode
     leaves the weights alone, else the model loaded once more, as the first was (a `deepcopy`
     ran 7 % slower than a loaded model on this project's CPU, which would bias the ratio)."""
     s = cfg.speed
-    settings = PairedSettings(int(s.batches), int(s.repeats), int(s.warmup))
+    settings = PairedSettings(int(s.batches), int(s.warmup), Precision.from_config(s))
     dense = (
         load_model(cfg.model, cfg.paths.cache_dir)[0]
         if prepared.method.edits_weights

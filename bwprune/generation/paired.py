@@ -4,9 +4,10 @@ Comparing a pruned run's tokens/s with a separate dense run's mixes two processe
 machines and two loads (on one CPU the same config ran at 1.5 and at 39.9 tok/s). So after the
 method generates one of a run's first batches, both sides are timed here, in this process, on the
 same prompts and the same decode steps per row: teacher-forced on the method's own completions (the
-method then prunes exactly as it did while generating), alternated, after warm-up. The ratios are
-summarized by `bwprune.runs.speedup`; `bwprune.generation.speed` (`make bench`) times through the
-same `alternate`.
+method then prunes exactly as it did while generating), alternated, after warm-up, pair after pair
+until the speedup's interval is tight (`alternate_until`). The ratios are summarized by
+`bwprune.runs.speedup`; `bwprune.generation.speed` (`make bench`) times through the same
+procedure.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from torch import nn
 
 from bwprune.engine.ledger import SparsityLedger
 from bwprune.generation.runner import BatchedRunner, Completion, Forcing
-from bwprune.generation.timing import alternate
+from bwprune.generation.timing import Precision, alternate_until
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import ModelAdapter, adapter_for
+from bwprune.runs.speedup import timed_ratios
 
 
 def weight_bytes(model: nn.Module) -> dict:
@@ -53,8 +55,8 @@ class PairedSettings:
     """Which of a run's batches are timed and how (conf/config.yaml `speed`)."""
 
     batches: int  # the run's first N batches
-    repeats: int  # timed trials of each side per batch
     warmup: int  # untimed trials of each side first (allocation, compilation)
+    precision: Precision  # how many timed pairs per batch: until the interval is tight
 
 
 class PairedTiming:
@@ -80,15 +82,18 @@ class PairedTiming:
 
     def measure(self, ids: torch.Tensor, attn: torch.Tensor, completions: list[Completion]) -> dict:
         """The `paired` entry of the batch's timing row: per trial, each side's prefill and decode
-        seconds; the weight bytes the bound needs; what the timing cost in wall seconds."""
+        seconds; how precise the pairs came out and what else loaded the machine (`precision`);
+        the weight bytes the bound needs; what the timing cost in wall seconds."""
         start = time.perf_counter()
         forced = own_forcing(completions, self.runner.pad_id, self.runner.device)
         sides = {"method": self.runner, "dense": self.dense}
         trials = {
             side: partial(_trial, runner, ids, attn, forced) for side, runner in sides.items()
         }
-        results = alternate(trials, self.settings.repeats, self.settings.warmup)
-        return {**results, "weight_bytes": self.weight_bytes,
+        results, precision = alternate_until(
+            trials, self.settings.precision, self.settings.warmup, timed_ratios
+        )
+        return {**results, "precision": precision, "weight_bytes": self.weight_bytes,
                 "overhead_s": time.perf_counter() - start}  # fmt: skip
 
 

@@ -3,7 +3,9 @@
 All methods are measured in ONE process on the same prompts, after warm-up, alternating the order
 every repeat (A B C, C B A, ...) so drift hits all of them alike; every generation is forced to
 exactly `new_tokens` tokens (no early EOS) so every method does the same work. Speedups are taken
-pair by pair against dense within a repeat, then the median and range over repeats are reported.
+pair by pair against dense within a repeat; repeats are added until every speedup's interval of
+the median is tight (`alternate_until`, the procedure of a run's paired timing), and the median,
+range and interval over repeats are reported, with the load the machine was under.
 
 The bound (`bwprune.runs.speedup`): a decode step reads every weight once, so skipping parameters
 can at best speed a step up by bytes(dense) / bytes(kept). For a scheduled method (dense and sparse
@@ -34,10 +36,10 @@ from bwprune.generation.runner import (
     SamplingConfig,
 )
 from bwprune.generation.stream import StreamRunner
-from bwprune.generation.timing import alternate
+from bwprune.generation.timing import Precision, alternate_until
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import ModelAdapter
-from bwprune.runs.speedup import schedule_ideal, sparse_step_bound, spread
+from bwprune.runs.speedup import median_interval, schedule_ideal, sparse_step_bound, spread
 
 HF_GENERATE = "hf_generate"  # label of the reference: transformers' own generate loop, dense
 T = TypeVar("T")
@@ -61,16 +63,17 @@ def measure(
     adapter: ModelAdapter,
     methods: Mapping[str, PruningMethod],
     batch_sizes: list[int],
+    precision: Precision,
     new_tokens: int = 128,
     prompt_len: int = 64,
-    repeats: int = 5,
     warmup: int = 1,
     seed: int = 0,
     with_hf_generate: bool = True,
     log: Callable[[str], None] = lambda _: None,
     engines: Mapping[str, EngineConfig] | None = None,
 ) -> list[dict]:
-    """One row per (batch size, method, engine): timings with spread, speedup vs dense, bounds.
+    """One row per (batch size, method, engine): timings with spread, speedup vs dense with its
+    interval, bounds, and how the repeats met `precision` (`precision` of each row).
 
     `methods` must contain "dense"; each method must already be prepared. Prompts are random
     token ids of `prompt_len` (no padding), the same for every method. `engines` maps a label to
@@ -99,11 +102,12 @@ def measure(
         }
         if with_hf_generate:
             trials[HF_GENERATE] = partial(_time_hf_generate, model, ids, new_tokens)
-        samples = alternate(
-            trials, repeats, warmup,
-            lambda rep, b=batch: log(f"batch {b}: repeat {rep + 1}/{warmup + repeats} done"),
+        samples, stop = alternate_until(
+            trials, precision, warmup, _speedups,
+            lambda rep, b=batch: log(f"batch {b}: repeat {rep + 1} done"),
         )  # fmt: skip
-        rows += _summarize(batch, samples, weight_bytes(model))
+        summary = _summarize(batch, samples, weight_bytes(model), precision.confidence)
+        rows += [{**row, "precision": stop} for row in summary]
     return rows
 
 
@@ -138,6 +142,31 @@ def _label(method: str, engine: str) -> str:
     return method if engine == "eager" else f"{method}@{engine}"
 
 
+def _speedups(samples: Mapping[str, list[dict]]) -> list[list[float]]:
+    """Every trial's end-to-end speedup against dense on its engine, per repeat: what the
+    repeats must pin down."""
+    out = []
+    for name, runs in samples.items():
+        dense = _label("dense", _engine(name))
+        if name != dense:
+            out.append([d["e2e_s"] / r["e2e_s"] for d, r in zip(samples[dense], runs)])
+    return out
+
+
+def _engine(label: str) -> str:
+    return label.partition("@")[2] or "eager"
+
+
+def _ratio_spread(ratios: list[float], confidence: float) -> dict:
+    """`spread` of speedups, with the interval of their median (`low`, `high`) where the repeats
+    allow one."""
+    out = spread(ratios)
+    interval = median_interval(ratios, confidence)
+    if interval is not None:
+        out["low"], out["high"] = interval
+    return out
+
+
 def _run_once(runner: BatchedRunner, ids, attn) -> dict:
     completions, timing = runner.generate_tokens(ids, attn)
     sparsity = combine(c.sparsity for c in completions)
@@ -155,14 +184,15 @@ def measure_compaction(
     model: nn.Module,
     tokenizer,
     adapter: ModelAdapter,
+    precision: Precision,
     batch: int = 8,
     short: int = 16,
     long: int = 256,
-    repeats: int = 3,
     warmup: int = 1,
 ) -> dict:
     """Decode time of a batch whose rows all stop after `short` tokens but one, which runs to
-    `long`, with and without live-row compaction (dense, teacher-forced, alternated)."""
+    `long`, with and without live-row compaction (dense, teacher-forced, alternated until the
+    ratio's interval meets `precision`)."""
     device = next(model.parameters()).device
     ids = torch.randint(3, min(tokenizer.vocab_size, 1000), (batch, 32)).to(device)
     attn = torch.ones_like(ids)
@@ -183,12 +213,18 @@ def measure_compaction(
     def decode_s(flag: bool) -> float:
         return runners[flag].generate_tokens(ids, attn, forced=forced)[1].decode_s
 
-    times = alternate({"with": partial(decode_s, True), "without": partial(decode_s, False)},
-                      repeats, warmup)  # fmt: skip
-    ratios = [a / b for a, b in zip(times["with"], times["without"])]
-    return {"batch": batch, "short": short, "long": long, "repeats": repeats,
+    def ratios(times: Mapping[str, list[float]]) -> list[list[float]]:
+        return [[a / b for a, b in zip(times["with"], times["without"])]]
+
+    times, stop = alternate_until(
+        {"with": partial(decode_s, True), "without": partial(decode_s, False)},
+        precision, warmup, ratios,
+    )  # fmt: skip
+    return {"batch": batch, "short": short, "long": long, "repeats": stop["pairs"],
             "decode_s_compaction": spread(times["with"]),
-            "decode_s_without": spread(times["without"]), "ratio": spread(ratios)}  # fmt: skip
+            "decode_s_without": spread(times["without"]),
+            "ratio": _ratio_spread(ratios(times)[0], precision.confidence),
+            "precision": stop}  # fmt: skip
 
 
 def stream_lengths(items: int, short: tuple[int, int], long: int, long_fraction: float,
@@ -205,20 +241,21 @@ def measure_streaming(
     model: nn.Module,
     tokenizer,
     adapter: ModelAdapter,
+    precision: Precision,
     batch: int = 8,
     items: int = 32,
     short: tuple[int, int] = (16, 64),
     long: int = 256,
     long_fraction: float = 0.125,
     prompt_len: int = 64,
-    repeats: int = 3,
     warmup: int = 1,
     seed: int = 0,
 ) -> dict:
     """Decode tokens/s of the same heavy-tailed work (`stream_lengths`, dense, teacher-forced)
     in static batches of `batch` (with live-row compaction) and continuously batched in `batch`
-    slots, alternated. Tokens/s counts every generated token over decode time (and, end to end,
-    over decode plus prefill: a stream prefills its entering rows between steps)."""
+    slots, alternated until the ratio's interval meets `precision`. Tokens/s counts every
+    generated token over decode time (and, end to end, over decode plus prefill: a stream
+    prefills its entering rows between steps)."""
     device = next(model.parameters()).device
     lengths = stream_lengths(items, tuple(short), long, long_fraction, seed)
     g = torch.Generator().manual_seed(seed)
@@ -246,22 +283,32 @@ def measure_streaming(
         stream.run(prompts, lambda _i, _c, t: times.append(t), forced=forced)
         return sum(t.decode_s for t in times), sum(t.prefill_s for t in times)
 
-    runs = alternate({"static": static, "continuous": continuous}, repeats, warmup)
+    def ratios(runs: Mapping[str, list[tuple[float, float]]]) -> list[list[float]]:
+        """Continuous over static tokens/s, per repeat: static decode time / continuous."""
+        return [[s[0] / c[0] for s, c in zip(runs["static"], runs["continuous"])]]
+
+    runs, stop = alternate_until(
+        {"static": static, "continuous": continuous}, precision, warmup, ratios
+    )
     tokens = sum(lengths)
     rates = {k: [tokens / d for d, _ in v] for k, v in runs.items()}
     e2e = {k: [tokens / (d + p) for d, p in v] for k, v in runs.items()}
     return {
         "batch": batch, "items": items, "short": list(short), "long": long,
         "long_fraction": long_fraction, "tokens": tokens, "capped": lengths.count(long),
-        "repeats": repeats, "rebases": stream.rebases,
+        "repeats": stop["pairs"], "rebases": stream.rebases, "precision": stop,
         "tokens_per_s_static": spread(rates["static"]),
         "tokens_per_s_continuous": spread(rates["continuous"]),
-        "ratio": spread([c / s for c, s in zip(rates["continuous"], rates["static"])]),
-        "ratio_e2e": spread([c / s for c, s in zip(e2e["continuous"], e2e["static"])]),
+        "ratio": _ratio_spread(
+            [c / s for c, s in zip(rates["continuous"], rates["static"])], precision.confidence
+        ),
+        "ratio_e2e": _ratio_spread(
+            [c / s for c, s in zip(e2e["continuous"], e2e["static"])], precision.confidence
+        ),
     }  # fmt: skip
 
 
-def _summarize(batch: int, samples: dict[str, list[dict]], bytes_: dict):
+def _summarize(batch: int, samples: dict[str, list[dict]], bytes_: dict, confidence: float):
     frozen_r: dict[str, float] = {}  # per engine: measured speedup of an every-step-sparse method
     rows = []
     for name, runs in samples.items():
@@ -271,10 +318,12 @@ def _summarize(batch: int, samples: dict[str, list[dict]], bytes_: dict):
         for key in ("prefill_s", "decode_s", "e2e_s", "step_ms", "tokens_per_s"):
             if key in runs[0]:
                 row[key] = spread([r[key] for r in runs])
-        row["speedup_e2e"] = spread([d["e2e_s"] / r["e2e_s"] for d, r in zip(dense, runs)])
+        row["speedup_e2e"] = _ratio_spread(
+            [d["e2e_s"] / r["e2e_s"] for d, r in zip(dense, runs)], confidence
+        )
         if "decode_s" in runs[0]:
-            row["speedup_decode"] = spread(
-                [d["decode_s"] / r["decode_s"] for d, r in zip(dense, runs)]
+            row["speedup_decode"] = _ratio_spread(
+                [d["decode_s"] / r["decode_s"] for d, r in zip(dense, runs)], confidence
             )
             step_r = spread([d["step_ms"] / r["step_ms"] for d, r in zip(dense, runs)])["median"]
             realized = runs[0]["sparsity"]

@@ -20,7 +20,7 @@ from bwprune.errors import choices_error
 from bwprune.runs.identity import LATE_OPTIONS, settings
 from bwprune.runs.pairing import pairing_key, run_metrics
 from bwprune.runs.provenance import git
-from bwprune.runs.speedup import time_to_answer
+from bwprune.runs.speedup import step_span, time_to_answer, time_to_answer_span
 
 # Method keys that say what is pruned how much, or name the method, not which variant it is: runs
 # recorded before conf/method/*.yaml carried `name` are the same variants as those after.
@@ -142,19 +142,29 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
             runs[count] = runs[count].astype("Int64")
         runs["agreement"] = _agreement(runs, predictions)
         runs["completions"] = [completions[key] for key in runs["run_key"]]
-        runs["time_to_answer"] = _time_to_answer(runs, Path(runs_dir))
+        tta = _time_to_answer(runs, Path(runs_dir))
+        runs["time_to_answer"] = [t[0] for t in tta]
+        runs["tta_low"], runs["tta_high"] = [t[1] for t in tta], [t[2] for t in tta]
     return runs
 
 
 def _speedup_columns(speedup: dict | None) -> dict:
-    """A run's paired speedup over dense (`bwprune.runs.speedup`): per-step median and range,
-    end-to-end median; None where the run was not timed (dense, or recorded before)."""
+    """A run's paired speedup over dense (`bwprune.runs.speedup`): per-step median and its span
+    (`step_span`: the interval where the run has one, else min-max), the pairs, whether they met
+    the target and whether the machine was overloaded, end-to-end median; None where the run was
+    not timed (dense, or recorded before)."""
     s = speedup or {}
     step = s.get("step") or {}
+    low, high, kind = step_span(step) if step else (None, None, None)
+    interval = s.get("interval") or {}
     return {
         "speedup_step": step.get("median"),
-        "speedup_step_min": step.get("min"),
-        "speedup_step_max": step.get("max"),
+        "speedup_step_low": low,
+        "speedup_step_high": high,
+        "speedup_kind": kind,
+        "speedup_pairs": s.get("repeats"),
+        "speedup_reached": interval.get("reached"),
+        "speedup_overloaded": interval.get("overloaded"),
         "speedup_e2e": (s.get("e2e") or {}).get("median"),
     }
 
@@ -170,18 +180,20 @@ def _cost_columns(cost_cfg: dict | None, search: dict | None) -> dict:
             "cost_realized": realized}  # fmt: skip
 
 
-def _time_to_answer(runs: pd.DataFrame, runs_dir: Path) -> list[float | None]:
-    """Time-to-answer speedup against the matching dense run
-    (`bwprune.runs.speedup.time_to_answer`): lengths from both runs, time only from this run's own
-    paired measurement."""
+def _time_to_answer(runs: pd.DataFrame, runs_dir: Path) -> list[tuple]:
+    """Time-to-answer speedup against the matching dense run, and its span at the ends of the
+    per-step span (`bwprune.runs.speedup.time_to_answer`, `time_to_answer_span`): lengths from
+    both runs, time only from this run's own paired measurement."""
     dense = {r.pairing: r.run_key for r in runs.itertuples() if r.method == "dense"}
     out = []
     for r in runs.itertuples():
         ref = dense.get(r.pairing)
         if ref is None or pd.isna(r.speedup_step):
-            out.append(None)
+            out.append((None, None, None))
             continue
-        out.append(time_to_answer(run_metrics(runs_dir / r.run_key), run_metrics(runs_dir / ref)))
+        mine, theirs = run_metrics(runs_dir / r.run_key), run_metrics(runs_dir / ref)
+        span = time_to_answer_span(mine, theirs) or (None, None)
+        out.append((time_to_answer(mine, theirs), *span))
     return out
 
 

@@ -15,14 +15,16 @@ SPEED_COLUMNS = (
 
 def table_cells(rows: list[dict]) -> list[list[str]]:
     """The speed table's cells, one list per row in `SPEED_COLUMNS` order: medians with
-    [min, max], speedups vs dense next to their bounds. Plain strings, so the markdown here and
+    [min, max] (speedups recorded with an interval: [its low, its high]), speedups vs dense next
+    to their bounds. Plain strings, so the markdown here and
     the LaTeX of `make tables` show the same numbers."""
 
     def fmt(v, scale=1.0, digits=2):
         if v is None:
             return "–"
-        if isinstance(v, dict):
-            lo, mid, hi = (f"{v[k] * scale:.{digits}f}" for k in ("min", "median", "max"))
+        if isinstance(v, dict):  # a speedup's interval where it has one, else its range
+            ends = ("low", "high") if "low" in v else ("min", "max")
+            lo, mid, hi = (f"{v[k] * scale:.{digits}f}" for k in (ends[0], "median", ends[1]))
             return f"{mid} [{lo}, {hi}]"
         return f"{v * scale:.{digits}f}"
 
@@ -39,10 +41,12 @@ def table_cells(rows: list[dict]) -> list[list[str]]:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    """The speed table as markdown (`table_cells`)."""
+    """The speed table as markdown (`table_cells`), with what its speedups' brackets mean where
+    they are intervals (`precision_note`)."""
     lines = ["| " + " | ".join(SPEED_COLUMNS) + " |", "|" + "---|" * len(SPEED_COLUMNS)]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_cells(rows)]
-    return "\n".join(lines) + "\n"
+    note = precision_note(rows).strip()
+    return "\n".join(lines) + "\n" + (f"\n{note}\n" if note else "")
 
 
 def compaction_line(c: dict) -> str:
@@ -52,8 +56,7 @@ def compaction_line(c: dict) -> str:
     return (
         f"Live-row compaction: {c['batch']} rows, {c['batch'] - 1} stop after {c['short']} tokens, "
         f"one runs to {c['long']}: decode {with_:.2f} s with, {without:.2f} s without "
-        f"(ratio {ratio:.2f} [{c['ratio']['min']:.2f}, {c['ratio']['max']:.2f}], "
-        f"median of {c['repeats']})."
+        f"(ratio {ratio:.2f} {_bracket(c['ratio'])}, median of {c['repeats']})."
     )
 
 
@@ -65,6 +68,34 @@ def stream_line(c: dict) -> str:
         f"{c['long']} tokens, the others stop after {c['short'][0]}-{c['short'][1]}: decode "
         f"{c['tokens_per_s_continuous']['median']:.1f} tok/s continuous vs "
         f"{c['tokens_per_s_static']['median']:.1f} static batches (ratio {r['median']:.2f} "
-        f"[{r['min']:.2f}, {r['max']:.2f}]; with prefill {e2e['median']:.2f}), median of "
-        f"{c['repeats']}."
+        f"{_bracket(r)}; with prefill {e2e['median']:.2f}), median of {c['repeats']}."
     )
+
+
+def precision_note(rows: list[dict]) -> str:
+    """What the speedups' brackets mean, for a record whose rows carry `precision`
+    (`bwprune.generation.timing.alternate_until`): the interval, the repeats per batch size,
+    whether the target was reached and whether other load exceeded the cores; "" for a record
+    timed before intervals (its brackets are min-max)."""
+    stops = {r["batch_size"]: r["precision"] for r in rows if "precision" in r}
+    if not stops:
+        return ""
+    first = next(iter(stops.values()))
+    parts = []
+    for batch, p in stops.items():
+        flags = ("" if p["reached"] else ", target not reached") + (
+            ", load above the cores" if p["interference"]["overloaded"] else ""
+        )
+        parts.append(f"batch {batch}: {p['pairs']} repeats{flags}")
+    return (
+        f" Speedups: median [{100 * first['confidence']:g}% interval of the median], repeats "
+        f"added until each is within ±{100 * first['target']:g}% ({'; '.join(parts)})."
+    )
+
+
+def _bracket(ratio: dict) -> str:
+    """`[low, high] (interval of the median)` where the ratio has one, else `[min, max]` (records
+    made before intervals)."""
+    if "low" in ratio:
+        return f"[{ratio['low']:.2f}, {ratio['high']:.2f}] (interval of the median)"
+    return f"[{ratio['min']:.2f}, {ratio['max']:.2f}]"

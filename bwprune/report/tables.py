@@ -27,7 +27,9 @@ from bwprune.report.control import control_runs, protocol_runs
 from bwprune.report.matched import is_matched, matched_frame
 from bwprune.report.pareto import CURVE, X, curves, interpolate
 from bwprune.report.selection import defaults_only, pareto_runs, row_mask
-from bwprune.report.speed_table import SPEED_COLUMNS, table_cells
+from bwprune.report.spans import NOTE as SPAN_NOTE
+from bwprune.report.spans import has_intervals, span_cell, with_spans
+from bwprune.report.speed_table import SPEED_COLUMNS, precision_note, table_cells
 from bwprune.report.stream import MEASURES as STREAM_MEASURES
 from bwprune.report.stream import stream_pairs
 
@@ -159,19 +161,21 @@ def main_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int = 4
     if not table.empty:
         table = table.merge(kl, on=["model", "method"], how="left").merge(extra)
         table = table.merge(_speedups(sel), on=["model", "method"], how="left")
-    return _table(f"Main table (batch {batch_size}, target ρ = 0.5)", table, sel, SPEEDUP_NOTE)
+    note = SPEEDUP_NOTE + (f" {SPAN_NOTE}" if has_intervals(sel) else "")
+    return _table(f"Main table (batch {batch_size}, target ρ = 0.5)", table, sel, note)
 
 
 def _speedups(sel: pd.DataFrame) -> pd.DataFrame:
     """Per method: the paired per-step speedup over dense (mean of its runs' medians, and the
-    range of all their trials) and the time-to-answer speedup, lengths included."""
-    g = sel.groupby(["model", "method"], as_index=False).agg(
-        speedup=("speedup_step", "mean"), low=("speedup_step_min", "min"),
-        high=("speedup_step_max", "max"), tta=("time_to_answer", "mean"),
-    )  # fmt: skip
-    g["range"] = [
-        f"{lo:.2f}–{hi:.2f}" if pd.notna(lo) else None for lo, hi in zip(g["low"], g["high"])
-    ]
+    envelope of their spans: `bwprune.report.spans`) and the time-to-answer speedup, lengths
+    included."""
+    keys = ["model", "method"]
+    g = sel.groupby(keys, as_index=False).agg(
+        speedup=("speedup_step", "mean"), tta=("time_to_answer", "mean")
+    )
+    spans = {k: span_cell(part, "speedup_step_low", "speedup_step_high")
+             for k, part in sel.groupby(keys)}  # fmt: skip
+    g["range"] = [spans[k] for k in zip(g["model"], g["method"])]
     return g.rename(columns={"speedup": "speedup (step)", "tta": "time-to-answer"})[
         ["model", "method", "speedup (step)", "range", "time-to-answer"]
     ]
@@ -270,8 +274,8 @@ ABLATIONS = ("memory", "aggregate", "select", "t_init", "t_explore", "t_prune")
 
 RUNS_COLUMNS = [
     "run_key", "n", "accuracy", "agreement", "kl", "target_sparsity", "cost_target", "realized_ffn",
-    "realized_ffn_sparse_steps", "realized_params", "speedup_step", "time_to_answer",
-    "decode_tokens_per_s", "device",
+    "realized_ffn_sparse_steps", "realized_params", "speedup_step", "speedup_step_span",
+    "time_to_answer", "time_to_answer_span", "decode_tokens_per_s", "device",
 ]  # fmt: skip
 
 
@@ -285,10 +289,12 @@ def matched_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
         "decode token; "
         "ffn = (a). realized (calib.): what the chosen ρ realized on the calibration problems "
         "(the benchmark's last `cost.problems` not evaluated), within `cost.tolerance` of the "
-        "target; (c) and (a): what it realized on the evaluated problems. TTA = time-to-answer "
-        "speedup over the matching dense run (runs with a paired timing only). " + FOOTNOTE
+        "target; (c) and (a): what it realized on the evaluated problems. step = paired per-step "
+        "speedup over dense; TTA = time-to-answer speedup over the matching dense run (runs with "
+        f"a paired timing only); their spans: {SPAN_NOTE} " + FOOTNOTE
     )
-    return _table("Matched cost: each method at one realized cost", matched_frame(sel), sel, note)
+    frame = matched_frame(with_spans(sel))
+    return _table("Matched cost: each method at one realized cost", frame, sel, note)
 
 
 def stream_table(runs: pd.DataFrame) -> Table:
@@ -335,7 +341,9 @@ def control_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
 def runs_table(runs: pd.DataFrame) -> Table:
     """Every recorded run, one line each, target vs realized sparsity side by side."""
     table = runs.sort_values(["benchmark", "model", "method", "batch_size", "target_sparsity"])
-    return _table("All runs", table[RUNS_COLUMNS], table)
+    table = with_spans(table)
+    note = f"{FOOTNOTE} Spans of the per-step and time-to-answer speedups: {SPAN_NOTE}"
+    return _table("All runs", table[RUNS_COLUMNS], table, note)
 
 
 def speed_table(name: str, rows: list[dict]) -> Table:
@@ -343,7 +351,7 @@ def speed_table(name: str, rows: list[dict]) -> Table:
     note = (
         f"Median [min, max] over repeats, methods alternated in one process (`make bench`; "
         f"record: results/speed/{name}.json). Bounds: bwprune/generation/speed.py."
-    )
+    ) + precision_note(rows)
     frame = pd.DataFrame(table_cells(rows), columns=list(SPEED_COLUMNS))
     return Table(f"Speed: {name}", frame, [], note)
 

@@ -191,9 +191,15 @@ def summary_metrics(record: dict) -> dict:
     for key, value in (m.get("quality") or {}).items():
         out[f"quality/{key}"] = value
     speedup = m.get("speedup") or {}
-    for key in ("step", "e2e"):  # the paired speedup over dense, with its spread
+    for key in ("step", "e2e"):  # the paired speedup over dense, with its spread and interval
         for stat, value in (speedup.get(key) or {}).items():
             out[f"speed/speedup_{key}_{stat}"] = value
+    interval = speedup.get("interval") or {}
+    for key in ("half_width", "target", "reached", "overloaded", "load_max", "steal_max"):
+        if interval.get(key) is not None:
+            out[f"speed/interval_{key}"] = interval[key]
+    if interval:
+        out["speed/pairs"] = speedup["repeats"]
     for key in ("bandwidth_bound", "ideal", "overhead_fraction"):
         if key in speedup:
             out[f"speed/speedup_{key}"] = speedup[key]

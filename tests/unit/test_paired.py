@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bwprune.cli import summary
+from bwprune.cli import speedup_line, summary
 from bwprune.config import compose_config
 from bwprune.errors import UserError
 from bwprune.experiment import run
@@ -17,11 +17,13 @@ from bwprune.generation import paired as paired_module
 from bwprune.generation.paired import PairedSettings, PairedTiming
 from bwprune.generation.remeasure import remeasure
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
+from bwprune.generation.timing import Precision
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import adapter_for
 from bwprune.models.loading import load_model
 from bwprune.runs.pairing import pairing_key
-from bwprune.runs.speedup import paired_speedup, schedule_ideal, time_to_answer
+from bwprune.runs.speedup import paired_speedup, schedule_ideal, step_span, time_to_answer
+from bwprune.runs.tracking import summary_metrics
 from tests.conftest import CONF_DIR, chat, tiny_model
 
 TINY = ["model=tiny_llama", "limit=4", "batch_size=2", "generation.max_new_tokens=16"]
@@ -54,6 +56,30 @@ def test_paired_speedup_is_dense_time_over_method_time_with_its_spread():
     assert paired_speedup([{"prefill_s": 1, "decode_s": 1, "step_ms": []}], realized) is None
 
 
+def test_a_run_timed_to_a_precision_carries_the_interval_and_whether_it_was_reached():
+    precision = {"pairs": 6, "target": 0.03, "confidence": 0.95, "stopped": "cap",
+                 "interference": {"cores": 2, "load": [1.0, 2.5], "steal": 0.01,
+                                  "overloaded": True}}  # fmt: skip
+    row = _timing([1.0] * 6, [1.0, 1.1, 1.2, 1.3, 1.4, 1.5])
+    row["paired"]["precision"] = precision
+    s = paired_speedup([row], {"params": 0.0, "sparse_step_fraction": 0.0})
+    assert (s["step"]["low"], s["step"]["high"]) == (1.0, 1.5)  # 6 pairs: (min, max) at 95 %
+    i = s["interval"]
+    assert i["half_width"] == pytest.approx(0.25 / 1.25) and not i["reached"]
+    assert (i["pairs"], i["load_max"], i["overloaded"]) == ([6], 2.5, True)
+    assert step_span(s["step"]) == (1.0, 1.5, "interval")
+    line = speedup_line(s)
+    assert "6 pairs, 95% interval ±20.0%, target ±3% not reached; load 2.5 above" in line, line
+    assert "step 1.25x [1.00, 1.50]" in line
+    wandb = summary_metrics({"benchmark": "gsm8k", "metrics": {"speedup": s}})
+    assert (wandb["speed/speedup_step_low"], wandb["speed/pairs"]) == (1.0, 6)
+    assert wandb["speed/interval_reached"] is False and wandb["speed/interval_overloaded"]
+    del row["paired"]["precision"]  # timed before intervals: min-max only
+    s = paired_speedup([row], {"params": 0.0, "sparse_step_fraction": 0.0})
+    assert "low" not in s["step"] and "interval" not in s
+    assert step_span(s["step"]) == (1.0, 1.5, "range")
+
+
 def test_time_to_answer_counts_the_steps_a_longer_answer_takes():
     metrics = {"n": 4, "prefill_s": 1.0, "decode_s": 4.0, "decode_iterations": 200,
                "speedup": {"step": {"median": 1.5}, "prefill": {"median": 1.0}}}  # fmt: skip
@@ -76,7 +102,9 @@ def test_a_method_that_adds_work_times_below_dense():
     runner = BatchedRunner(model, tok, Slow(), adapter, SamplingConfig(12))
     ids, attn = runner.encode(chat(tok, ["What is 2 + 3?", "Hi"]))
     completions, timing = runner.generate_tokens(ids, attn)
-    paired = PairedTiming(runner, adapter, model, PairedSettings(1, 3, 1))
+    paired = PairedTiming(
+        runner, adapter, model, PairedSettings(1, 1, Precision(3, 3, 0.03, 0.95, 60.0))
+    )
     row = {"prefill_s": timing.prefill_s, "decode_s": timing.decode_s, "step_ms": [],
            "paired": paired.measure(ids, attn, completions)}  # fmt: skip
     s = paired_speedup([row], {"params": 0.0, "sparse_step_fraction": 0.0})
@@ -88,14 +116,16 @@ def test_dense_against_itself_is_one_within_its_spread(tmp_path):
     cfg = compose_config(
         Path(CONF_DIR),
         [*TINY, "method=dense", "speed.paired=true", "speed.batches=2", "speed.repeats=5",
-         "speed.warmup=1", f"paths.results_dir={tmp_path}", "progress=false"],
+         "speed.max_repeats=5", "speed.warmup=1", f"paths.results_dir={tmp_path}",
+         "progress=false"],
     )  # fmt: skip
     record = run(cfg)
     s = record["metrics"]["speedup"]
     assert (s["batches"], s["repeats"]) == (2, 10)
     for key in ("step", "e2e"):
         assert s[key]["min"] <= 1.0 <= s[key]["max"], s
-    assert "speedup vs dense (paired, 2 batches, 10 trials)" in summary(record, str(tmp_path))
+    line = summary(record, str(tmp_path))
+    assert "speedup vs dense (paired, 2 batches, 10 pairs, 95% interval ±" in line, line
 
 
 def test_a_method_that_edits_weights_is_timed_against_the_model_as_loaded(
@@ -134,7 +164,7 @@ def test_a_finished_run_gets_its_speedup_measured_after_the_fact(cfg_factory):
     assert "speedup" not in record["metrics"]
     folder = Path(cfg_factory().paths.runs_dir) / record["run_key"]
     samples = (folder / "samples.jsonl").read_text()
-    current = cfg_factory("speed.batches=2", "speed.repeats=2")
+    current = cfg_factory("speed.batches=2", "speed.repeats=2", "speed.max_repeats=2")
     new = remeasure(folder, current)
     m = new["metrics"]
     assert (m["speedup"]["batches"], m["speedup"]["repeats"]) == (2, 4)
@@ -146,6 +176,11 @@ def test_a_finished_run_gets_its_speedup_measured_after_the_fact(cfg_factory):
     assert {k: v for k, v in m.items() if k not in ("speedup", "time_to_answer")} == {
         k: v for k, v in record["metrics"].items()
     }
+    # Re-timed on fewer batches: the later batch's earlier timing no longer counts.
+    again = remeasure(folder, cfg_factory("speed.batches=1", "speed.repeats=6",
+                                          "speed.max_repeats=6"))["metrics"]["speedup"]  # fmt: skip
+    assert (again["batches"], again["repeats"], again["interval"]["pairs"]) == (1, 6, [6])
+    assert "low" in again["step"]
 
 
 def test_bad_speed_settings_name_the_value(cfg_factory):

@@ -9,6 +9,7 @@ from bwprune.experiment import run
 from bwprune.report.cells import largest_evaluations
 from bwprune.report.collect import _agreement, load_runs, method_variant
 from bwprune.report.selection import default_runs, default_variants
+from bwprune.report.spans import span_cell
 from bwprune.report.tables import all_tables, batch_table, speed_table, write_tables
 from tests.conftest import CONF_DIR, compose_cfg
 
@@ -167,3 +168,19 @@ def test_quality_settings_must_agree_only_among_runs_that_measured_quality(tmp_p
     run(compose_cfg([*base, "quality.enabled=true", "quality.max_tokens=6"], tmp_path))
     with pytest.raises(UserError, match=r"differ in max_tokens \((4|6) vs"):
         batch_table(load_runs(tmp_path / "runs"), defaults)
+
+
+def test_a_speedup_cell_shows_its_interval_with_its_pairs_and_flags_else_its_range():
+    def timed(low, high, kind, pairs=6, reached=True, overloaded=False):
+        return {"speedup_step_low": low, "speedup_step_high": high, "speedup_kind": kind,
+                "speedup_pairs": pairs, "speedup_reached": reached,
+                "speedup_overloaded": overloaded}  # fmt: skip
+
+    old = pd.DataFrame([timed(0.74, 1.02, "range", 3, None, None)])
+    assert span_cell(old, "speedup_step_low", "speedup_step_high") == "0.74–1.02"
+    new = pd.DataFrame([timed(1.00, 1.05, "interval", 14), timed(0.98, 1.03, "interval", 9, False)])
+    assert span_cell(new, "speedup_step_low", "speedup_step_high") == "[0.98, 1.05] n=23†"
+    loaded = pd.DataFrame([timed(1.00, 1.05, "interval", 14, True, True)])
+    assert span_cell(loaded, "speedup_step_low", "speedup_step_high") == "[1.00, 1.05] n=14‡"
+    mixed = pd.concat([old, new])  # one run without an interval: the cell is a range
+    assert span_cell(mixed, "speedup_step_low", "speedup_step_high") == "0.74–1.05"

@@ -20,6 +20,7 @@ from bwprune.experiment import run
 from bwprune.generation.runner import BatchedRunner, EngineConfig, Forcing, SamplingConfig
 from bwprune.generation.speed import measure_streaming, stream_lengths
 from bwprune.generation.stream import StreamRunner
+from bwprune.generation.timing import Precision
 from bwprune.models.adapters import adapter_for
 from bwprune.report.speed_table import stream_line
 from bwprune.report.stream import static_runs, stream_pairs
@@ -215,8 +216,9 @@ def test_the_streaming_benchmark_times_the_same_heavy_tailed_work_both_ways():
     model, tok = tiny_model("tiny_llama")
     lengths = stream_lengths(64, (4, 8), 32, 0.25, seed=0)
     assert set(lengths) - set(range(4, 9)) == {32} and 4 <= lengths.count(32) <= 28
-    out = measure_streaming(model, tok, adapter_for(model), batch=4, items=8, short=(4, 8),
-                            long=32, prompt_len=8, repeats=1, warmup=0)  # fmt: skip
+    out = measure_streaming(model, tok, adapter_for(model), Precision(1, 1, 0.03, 0.95, 60.0),
+                            batch=4, items=8, short=(4, 8), long=32, prompt_len=8,
+                            warmup=0)  # fmt: skip
     assert out["tokens"] == sum(stream_lengths(8, (4, 8), 32, 0.125, seed=0))
     assert out["tokens_per_s_static"]["median"] > 0 and out["ratio"]["median"] > 0
     assert stream_line(out).startswith("Continuous batching: 8 answers in 4 slots")
