@@ -115,8 +115,8 @@ def vllm_part(cfg, overrides: list[str], model: nn.Module, tokenizer) -> tuple[l
     engine = VLLMRunner.for_run(engine_cfg, base, hf, bench.prompt_len)
     methods = prepared(bench.vllm.methods, overrides, model, base.adapter, tokenizer)
     rows = measure_vllm(
-        engine, methods, list(bench.vllm.batch_sizes), bench.new_tokens, bench.prompt_len,
-        bench.repeats, bench.warmup, cfg.seed, log=print,
+        engine, methods, list(bench.vllm.batch_sizes), Precision.from_config(bench),
+        bench.new_tokens, bench.prompt_len, bench.warmup, cfg.seed, log=print,
     )  # fmt: skip
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return rows, f"{dtype}, {'compiled' if engine.compiled else 'eager'}"

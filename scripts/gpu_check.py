@@ -125,6 +125,11 @@ def build_model(args: argparse.Namespace):
     return model, byte_tokenizer(), adapter_for(model)
 
 
+def fixed_repeats(args, repeats: int) -> Precision:
+    """A lent GPU's minutes fix the count of repeats, not the width of the interval."""
+    return Precision(repeats, repeats, args.half_width, args.confidence, args.budget_s)
+
+
 def vllm_rows(args, model, tokenizer, adapter, methods: dict, compiled: bool, log) -> list[dict]:
     """`methods` in vLLM on this random model against dense in our loop (`bwprune.vllm.speed`);
     `compiled`: dense alone, in vLLM's compiled engine (a method deciding per forward would run
@@ -152,8 +157,8 @@ def vllm_rows(args, model, tokenizer, adapter, methods: dict, compiled: bool, lo
     settings = VLLMSettings("true" if compiled else "false", args.vllm_kv_cache_gib, None)
     engine = VLLMRunner(base, hf, folder, settings, max(args.vllm_batch_sizes), args.prompt_len,
                         seed=0, load_format="dummy" if dummy else "auto")  # fmt: skip
-    return measure_vllm(engine, methods, args.vllm_batch_sizes, args.new_tokens,
-                        args.prompt_len, args.repeats, args.warmup, 0, log)  # fmt: skip
+    return measure_vllm(engine, methods, args.vllm_batch_sizes, fixed_repeats(args, args.repeats),
+                        args.new_tokens, args.prompt_len, args.warmup, 0, log)  # fmt: skip
 
 
 def attempt(run: Callable[[], list[dict]]) -> list[dict] | Exception:
@@ -275,17 +280,14 @@ def main() -> None:
                "compiled": EngineConfig(compile=True, backend=args.backend)}  # fmt: skip
     timing = dict(prompt_len=args.prompt_len, log=log, with_hf_generate=False)
 
-    def fixed(repeats: int) -> Precision:  # a lent GPU's minutes fix the count, not the interval
-        return Precision(repeats, repeats, args.half_width, args.confidence, args.budget_s)
-
     def batch(size: int, engine: str) -> list[dict]:
-        return measure(model, tokenizer, adapter, methods, [size], fixed(args.repeats),
-                       args.new_tokens, warmup=args.warmup, engines={engine: engines[engine]},
-                       **timing)  # fmt: skip
+        repeats = fixed_repeats(args, args.repeats)
+        return measure(model, tokenizer, adapter, methods, [size], repeats, args.new_tokens,
+                       warmup=args.warmup, engines={engine: engines[engine]}, **timing)  # fmt: skip
 
     def long() -> list[dict]:  # one run each, no warm-up: the compiled run pays its compilation
         chosen = {k: methods[k] for k in dict.fromkeys(["dense", *args.long_methods])}
-        return measure(model, tokenizer, adapter, chosen, [args.long_batch], fixed(1),
+        return measure(model, tokenizer, adapter, chosen, [args.long_batch], fixed_repeats(args, 1),
                        args.long_tokens, warmup=0, engines=engines, **timing)  # fmt: skip
 
     def in_vllm(compiled: bool) -> list[dict]:

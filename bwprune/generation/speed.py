@@ -98,17 +98,31 @@ def measure(
         ids = torch.randint(3, min(tokenizer.vocab_size, 1000), (batch, prompt_len), generator=gen)
         ids, attn = ids.to(device), torch.ones(batch, prompt_len, dtype=torch.long, device=device)
         trials: dict[str, Callable[[], dict]] = {
-            label: partial(_run_once, runner, ids, attn) for label, runner in runners.items()
+            label: partial(run_once, runner, ids, attn) for label, runner in runners.items()
         }
         if with_hf_generate:
             trials[HF_GENERATE] = partial(_time_hf_generate, model, ids, new_tokens)
-        samples, stop = alternate_until(
-            trials, precision, warmup, _speedups,
-            lambda rep, b=batch: log(f"batch {b}: repeat {rep + 1} done"),
-        )  # fmt: skip
-        summary = _summarize(batch, samples, weight_bytes(model), precision.confidence)
-        rows += [{**row, "precision": stop} for row in summary]
+        rows += timed_rows(batch, trials, precision, warmup, weight_bytes(model), log)
     return rows
+
+
+def timed_rows(
+    batch: int,
+    trials: Mapping[str, Callable[[], dict]],
+    precision: Precision,
+    warmup: int,
+    bytes_: dict,
+    log: Callable[[str], None] = lambda _: None,
+) -> list[dict]:
+    """`trials` (label -> one timed generation, `run_once`'s keys; "dense" among them, and
+    `dense@e` for every engine `e` a label names) alternated until `precision` holds: one row
+    per label, with its speedups vs dense on its engine and how the repeats met `precision`."""
+    samples, stop = alternate_until(
+        trials, precision, warmup, _speedups,
+        lambda rep: log(f"batch {batch}: repeat {rep + 1} done"),
+    )  # fmt: skip
+    summary = _summarize(batch, samples, bytes_, precision.confidence)
+    return [{**row, "precision": stop} for row in summary]
 
 
 def within_budget(
@@ -167,7 +181,7 @@ def _ratio_spread(ratios: list[float], confidence: float) -> dict:
     return out
 
 
-def _run_once(runner: BatchedRunner, ids, attn) -> dict:
+def run_once(runner: BatchedRunner, ids, attn) -> dict:
     completions, timing = runner.generate_tokens(ids, attn)
     sparsity = combine(c.sparsity for c in completions)
     return {

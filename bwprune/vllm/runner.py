@@ -37,14 +37,15 @@ from omegaconf import DictConfig, OmegaConf
 from bwprune.engine.ledger import SparsityLedger
 from bwprune.engine.protocol import MethodDriver
 from bwprune.errors import UserError, choices_error
-from bwprune.generation.paired import weight_bytes
+from bwprune.generation.paired import PairedSettings, weight_bytes
 from bwprune.generation.prepared import PreparedModel, prepare_loaded
 from bwprune.generation.prompts import batch_prompts
 from bwprune.generation.runner import BatchedRunner, BatchTiming, Completion
-from bwprune.generation.timing import alternate
+from bwprune.generation.timing import Precision, alternate_until
 from bwprune.methods.base import PruningMethod
 from bwprune.methods.host import decides_per_forward
 from bwprune.models.loading import load_model
+from bwprune.runs.speedup import timed_ratios
 from bwprune.vllm.host import VLLMHost
 from bwprune.vllm.session import Session
 
@@ -239,11 +240,11 @@ class VLLMPairedTiming:
     are `Session.times`'; the entry is the HF backend's (`bwprune.generation.paired`).
     """
 
-    def __init__(self, runner: VLLMRunner, repeats: int, warmup: int,
+    def __init__(self, runner: VLLMRunner, settings: PairedSettings,
                  dense: VLLMRunner | None = None) -> None:  # fmt: skip
         """`dense`: an engine on the model as loaded, for a method that edits weights (the
         run's engine holds the pruned ones); else dense runs on the run's engine."""
-        self.runner, self.repeats, self.warmup = runner, repeats, warmup
+        self.runner, self.settings = runner, settings
         if dense is not None:
             self.dense = dense.driver
         else:
@@ -253,13 +254,16 @@ class VLLMPairedTiming:
         self.weight_bytes = weight_bytes((dense or runner).prepared.model)
 
     def measure(self, ids: torch.Tensor, attn: torch.Tensor, completions: list[Completion]) -> dict:
+        """The batch's `paired` entry, as `bwprune.generation.paired.PairedTiming.measure`'s."""
         start = time.perf_counter()
         lengths = [c.new_tokens for c in completions]
         sides = {"method": (self.runner, self.runner.driver),
                  "dense": (self.dense_runner, self.dense)}  # fmt: skip
         trials = {side: partial(self._trial, *s, ids, attn, lengths) for side, s in sides.items()}
-        results = alternate(trials, self.repeats, self.warmup)
-        return {**results, "weight_bytes": self.weight_bytes,
+        results, precision = alternate_until(
+            trials, self.settings.precision, self.settings.warmup, timed_ratios
+        )
+        return {**results, "precision": precision, "weight_bytes": self.weight_bytes,
                 "overhead_s": time.perf_counter() - start}  # fmt: skip
 
     @staticmethod
@@ -283,4 +287,6 @@ def vllm_engines(cfg: DictConfig, prepared: PreparedModel, hf: BatchedRunner, ba
         loaded = prepare_loaded(*load_model(cfg.model, cfg.paths.cache_dir), PruningMethod())
         loaded_hf = loaded.runner(hf.sampling, int(cfg.seed), cfg.generation)
         dense = VLLMRunner.for_run(cfg, loaded, loaded_hf, longest)
-    return engine, VLLMPairedTiming(engine, int(cfg.speed.repeats), int(cfg.speed.warmup), dense)
+    s = cfg.speed
+    settings = PairedSettings(int(s.batches), int(s.warmup), Precision.from_config(s))
+    return engine, VLLMPairedTiming(engine, settings, dense)

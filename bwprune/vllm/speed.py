@@ -4,7 +4,8 @@ In one process, alternated and repeated like every other speed number here
 (`bwprune.generation.speed`, whose summary and table this part shares): dense through our HF
 runner (`dense`), dense through vLLM (`dense@vllm`), and each method through vLLM
 (`<method>@vllm`, its speedups against `dense@vllm`). Every generation is forced to exactly
-`new_tokens` tokens per row on the same random prompts, so every trial does the same work. A vLLM
+`new_tokens` tokens per row on the same random prompts, so every trial does the same work, and
+the trials alternate until the speedups' intervals are tight (`timed_rows`). A vLLM
 step is timed from the start of its forward to the start of the next: the model and what vLLM
 does around it, as an HF step includes the loop's own work. One engine serves every batch size
 (a batch of B requests queued at once in an engine of more slots is still a static batch).
@@ -22,8 +23,8 @@ from bwprune.engine.ledger import SparsityLedger
 from bwprune.engine.realized import combine
 from bwprune.generation.paired import weight_bytes
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
-from bwprune.generation.speed import _run_once, _summarize
-from bwprune.generation.timing import alternate
+from bwprune.generation.speed import run_once, timed_rows
+from bwprune.generation.timing import Precision
 from bwprune.methods.base import PruningMethod
 from bwprune.vllm.runner import VLLMRunner
 
@@ -32,9 +33,9 @@ def measure_vllm(
     engine: VLLMRunner,
     methods: Mapping[str, PruningMethod],
     batch_sizes: list[int],
+    precision: Precision,
     new_tokens: int,
     prompt_len: int,
-    repeats: int,
     warmup: int,
     seed: int,
     log: Callable[[str], None] = lambda _: None,
@@ -54,14 +55,11 @@ def measure_vllm(
     for batch in batch_sizes:
         ids = torch.randint(3, vocab, (batch, prompt_len), generator=gen).to(device)
         attn = torch.ones_like(ids)
-        trials = {"dense": partial(_run_once, hf, ids, attn)}
+        trials = {"dense": partial(run_once, hf, ids, attn)}
         trials |= {label: partial(_vllm_once, engine, d, ids, attn, new_tokens)
                    for label, d in drivers.items()}  # fmt: skip
-        samples = alternate(
-            trials, repeats, warmup,
-            lambda rep, b=batch: log(f"vLLM batch {b}: repeat {rep + 1}/{warmup + repeats} done"),
-        )  # fmt: skip
-        rows += _summarize(batch, samples, weight_bytes(model))
+        rows += timed_rows(batch, trials, precision, warmup, weight_bytes(model),
+                           lambda line: log(f"vLLM {line}"))  # fmt: skip
     return rows
 
 
