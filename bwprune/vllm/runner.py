@@ -57,9 +57,7 @@ COMPILE = ("auto", "true", "false")
 class VLLMSettings:
     """How vLLM runs (conf/config.yaml `generation.vllm`): never what it computes."""
 
-    compile: (
-        str  # auto (CUDA, and only for methods that do not decide inside forwards) | true | false
-    )
+    compile: str  # auto (CUDA only) | true | false; never for methods deciding per forward
     kv_cache_gib: float  # KV cache memory (on CPU vLLM otherwise reserves most of the node's RAM)
     max_model_len: int | None  # longest prompt + completion; null: the model's own
 
@@ -189,7 +187,7 @@ class VLLMRunner:
         each), ending at a token of `stop`."""
         prompts = [row[mask.bool()].tolist() for row, mask in zip(ids, attn)]
         limits = [lengths] * len(prompts) if isinstance(lengths, int) else lengths
-        params = [self._params(max_tokens=n, stop=stop) for n in limits]
+        params = [self.sampling_params(max_tokens=n, stop=stop) for n in limits]
         outputs, session = self.run(driver, prompts, params, progress)
         sparsity = session.ledger_rows()
         completions = []
@@ -201,7 +199,9 @@ class VLLMRunner:
         decode_tokens = sum(r["decode_steps"] for r in sparsity.values())
         return completions, BatchTiming(prefill_s, sum(step_s), decode_tokens, step_s)
 
-    def _params(self, max_tokens: int, stop: list[int]):
+    def sampling_params(self, max_tokens: int, stop: list[int]):
+        """The run's sampling for one request: at most `max_tokens`, ending at a token of `stop`
+        and at no other (vLLM's own end-of-sequence rule is off: the run's stop ids include it)."""
         from vllm import SamplingParams
 
         s = self.sampling

@@ -81,7 +81,7 @@ class Engine:
         ledger = SparsityLedger(self.prepared.adapter, torch.device("cpu"))
         driver = self.vllm.driver if method is self.prepared.method else \
             self.vllm.driver_for(method, ledger)  # fmt: skip
-        params = self.vllm._params(max_tokens=STEPS, stop=self.stop)
+        params = self.vllm.sampling_params(max_tokens=STEPS, stop=self.stop)
         with decisions(method) as seen:
             outputs, session = self.vllm.run(driver, PROMPTS, [params] * len(PROMPTS))
         rows = session.ledger_rows()
@@ -189,6 +189,6 @@ def test_a_server_batch_is_refused_in_one_line(engine):
     running batch), which is not a static batch."""
     method = engine.method("ours")
     driver = engine.vllm.driver_for(method, SparsityLedger(engine.prepared.adapter, "cpu"))
-    params = engine.vllm._params(max_tokens=4, stop=[])
+    params = engine.vllm.sampling_params(max_tokens=4, stop=[])
     with pytest.raises(Exception, match="static batches"):
         engine.vllm.run(driver, PROMPTS + PROMPTS[:2], [params] * 6)
