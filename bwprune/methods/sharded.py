@@ -1,0 +1,81 @@
+"""`ours`' top-k (Eq. 4) when tensor parallelism splits each MLP's neurons across ranks.
+
+vLLM shards the intermediate dimension: gate/up are column-parallel and down is row-parallel, so
+rank r of R holds neurons [r·D/R, (r+1)·D/R) and sees only their scores. Two ways to select:
+`global` gathers every rank's scores and keeps each rank's slice of the one unsharded top-k (the
+paper's set, exactly); `per_rank` keeps each shard's own top-(k/R) with no communication, and can
+miss neurons that a crowded shard needed. Pure functions of tensors and a process group: a host
+(bwprune/vllm) wires them in; nothing here hooks a model or reads a config.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from bwprune.errors import choices_error
+from bwprune.methods.neuron_scores import topk_index
+
+TP_SELECT = ("global", "per_rank")
+
+
+def global_kept(
+    local_scores: torch.Tensor, k: int, rank: int, world_size: int, group: dist.ProcessGroup | None
+) -> torch.Tensor:
+    """This rank's part of the one global top-k: sorted indices local to its shard.
+
+    Every rank runs `topk_index` on the same gathered vector (all_gather copies bits), so ties are
+    broken identically on every rank and exactly as the unsharded selection breaks them.
+    """
+    parts = [torch.empty_like(local_scores) for _ in range(world_size)]
+    dist.all_gather(parts, local_scores.contiguous(), group=group)
+    kept = topk_index(torch.cat(parts), k)
+    start = rank * local_scores.numel()
+    mine = (kept >= start) & (kept < start + local_scores.numel())
+    return kept[mine] - start
+
+
+def per_rank_count(k: int, rank: int, world_size: int) -> int:
+    """k split over ranks so the total is exactly k: the first k mod R ranks keep one more."""
+    return k // world_size + (1 if rank < k % world_size else 0)
+
+
+def per_rank_kept(local_scores: torch.Tensor, k: int, rank: int, world_size: int) -> torch.Tensor:
+    """This shard's own top-`per_rank_count` neurons, local indices; no communication."""
+    return topk_index(local_scores, per_rank_count(k, rank, world_size))
+
+
+def sharded_kept(
+    mode: str,
+    local_scores: torch.Tensor,
+    k: int,
+    rank: int,
+    world_size: int,
+    group: dist.ProcessGroup | None,
+) -> torch.Tensor:
+    """This rank's kept neurons (local indices) under `tp_select` = `mode` (global | per_rank)."""
+    if mode == "global":
+        return global_kept(local_scores, k, rank, world_size, group)
+    if mode == "per_rank":
+        return per_rank_kept(local_scores, k, rank, world_size)
+    raise choices_error("tp_select", mode, TP_SELECT)
+
+
+def per_rank_gap(scores: torch.Tensor, k: int, world_size: int) -> tuple[float, float]:
+    """What per_rank costs on one layer's unsharded (D,) scores, simulated without processes:
+    (fraction of the global top-k it misses, fraction of the global top-k's score mass it loses).
+
+    Both sets have k neurons, so the missed fraction is also the fraction of per_rank's set that
+    the global one would not keep.
+    """
+    if scores.numel() % world_size:
+        raise ValueError(f"D={scores.numel()} neurons do not split evenly over {world_size} ranks")
+    shards = scores.chunk(world_size)
+    width = shards[0].numel()
+    local = [per_rank_kept(s, k, r, world_size) + r * width for r, s in enumerate(shards)]
+    per_rank = torch.cat(local)
+    best = topk_index(scores, k)
+    missed = (~torch.isin(best, per_rank)).sum().item() / k
+    mass = scores[best].sum()
+    lost = ((mass - scores[per_rank].sum()) / mass.clamp_min(1e-30)).item()
+    return missed, lost
