@@ -4,8 +4,10 @@ vLLM shards the intermediate dimension: gate/up are column-parallel and down is 
 rank r of R holds neurons [r·D/R, (r+1)·D/R) and sees only their scores. Two ways to select:
 `global` gathers every rank's scores and keeps each rank's slice of the one unsharded top-k (the
 paper's set, exactly); `per_rank` keeps each shard's own top-(k/R) with no communication, and can
-miss neurons that a crowded shard needed. Pure functions of tensors and a process group: a host
-(bwprune/vllm) wires them in; nothing here hooks a model or reads a config.
+miss neurons that a crowded shard needed. Eq. 2 scales each token to unit norm over all D neurons,
+so a rank's scores are its slice of the unsharded ones only if that norm is summed across ranks
+(`sharded_unit_sq`). Pure functions of tensors and a process group: a host (bwprune/vllm) wires
+them in; nothing here hooks a model or reads a config.
 """
 
 from __future__ import annotations
@@ -17,6 +19,19 @@ from bwprune.errors import choices_error
 from bwprune.methods.neuron_scores import topk_index
 
 TP_SELECT = ("global", "per_rank")
+
+
+def sharded_unit_sq(local_z: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """`unit_sq` of a (..., D/R) shard of FF activations, normalized by the whole token's norm.
+
+    One all_reduce of a float per token: with the shard's own norm, each rank would rescale its
+    tokens differently and its scores would no longer be comparable with the other ranks'. Equal to
+    the shard of `unit_sq` up to the rounding of the norm's sum order.
+    """
+    z = local_z.float()
+    norm_sq = z.square().sum(dim=-1, keepdim=True)
+    dist.all_reduce(norm_sq, group=group)
+    return (z / norm_sq.sqrt().clamp_min(1e-12)).square()
 
 
 def global_kept(

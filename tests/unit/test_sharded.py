@@ -1,5 +1,6 @@
 """Top-k under tensor parallelism (`bwprune/methods/sharded.py`): the global mode's parts, one per
-rank, are exactly the unsharded `topk_index`; per_rank keeps k in total and can differ.
+rank, are exactly the unsharded `topk_index`, and the ranks' Eq. 2 normalization is the unsharded
+one; per_rank keeps k in total and can differ.
 
 The global mode runs in two real processes on a gloo group over a FileStore (no network): vLLM's
 own CPU tensor parallelism is not wired to it yet (docs/methods.md).
@@ -13,8 +14,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from bwprune.errors import UserError
-from bwprune.methods.neuron_scores import topk_index
-from bwprune.methods.sharded import per_rank_count, per_rank_gap, per_rank_kept, sharded_kept
+from bwprune.methods.neuron_scores import topk_index, unit_sq
+from bwprune.methods.sharded import (
+    per_rank_count,
+    per_rank_gap,
+    per_rank_kept,
+    sharded_kept,
+    sharded_unit_sq,
+)
 
 WORLD = 2
 
@@ -38,6 +45,8 @@ def _rank_parts(rank: int, folder: Path) -> None:
         for scores, k in _cases():
             local = scores.chunk(WORLD)[rank].clone()
             parts.append(sharded_kept("global", local, k, rank, WORLD, group=None))
+        z = torch.randn(3, 5, 12, generator=torch.Generator().manual_seed(1))
+        parts.append(sharded_unit_sq(z.chunk(WORLD, dim=-1)[rank].clone(), group=None))
         torch.save(parts, folder / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -50,6 +59,9 @@ def test_global_parts_are_exactly_the_unsharded_topk(tmp_path):
         width = scores.numel() // WORLD
         union = torch.cat([parts[r][i] + r * width for r in range(WORLD)])
         assert torch.equal(union, topk_index(scores, k)), (i, union)
+    z = torch.randn(3, 5, 12, generator=torch.Generator().manual_seed(1))
+    gathered = torch.cat([parts[r][-1] for r in range(WORLD)], dim=-1)
+    torch.testing.assert_close(gathered, unit_sq(z))  # Eq. 2's norm spans every rank's neurons
 
 
 @pytest.mark.parametrize(
