@@ -102,7 +102,7 @@ def parse_args() -> argparse.Namespace:
                 "long_tokens", "long_batch", "budget_s", "backend", "cache_dir",
                 "vllm_kv_cache_gib"):  # fmt: skip
         parser.add_argument(f"--{key.replace('_', '-')}", type=type(settings[key]))
-    for key in ("batch_sizes", "long_methods", "vllm_batch_sizes", "vllm_methods"):
+    for key in ("batch_sizes", "long_methods", "vllm_batch_sizes", "vllm_methods", "vllm_engines"):
         kind = type(settings[key][0])
         count = "*" if key.startswith("vllm") else "+"  # no vLLM batch size: no vLLM part
         parser.add_argument(f"--{key.replace('_', '-')}", type=kind, nargs=count)
@@ -303,7 +303,7 @@ def main() -> None:
     parts += [(f"batch {b}, {e}", partial(batch, b, e)) for b in others for e in engines]
     if args.vllm_batch_sizes:
         parts += [(f"vllm {e}: batch {args.vllm_batch_sizes}", partial(in_vllm, e == "compiled"))
-                  for e in engines]  # fmt: skip
+                  for e in args.vllm_engines]  # fmt: skip
     record = Record(args)
     parts = [(name, partial(attempt, run)) for name, run in parts]
     seen = compilations()

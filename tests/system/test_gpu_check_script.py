@@ -71,17 +71,17 @@ def test_a_failing_part_is_recorded_and_the_next_parts_still_run(tmp_path):
 
 @pytest.mark.slow
 def test_the_vllm_part_runs_where_vllm_is_installed(tmp_path):
-    """Dense in our loop against dense and ours inside vLLM, then dense in compiled vLLM; on
-    CPU with a model vLLM's attention takes."""
+    """Dense in our loop against dense and ours inside vLLM, on CPU with a model vLLM's
+    attention takes (the compiled engine's part, dense alone, is left out: compiling costs
+    the suite half a minute)."""
     pytest.importorskip("vllm", reason="the GPU check's vLLM part needs vllm")
     record = _run(tmp_path, "--model", "tiny_llama_wide", "--batch-sizes", "1",
-                  "--long-tokens", "0", "--vllm-batch-sizes", "2",
+                  "--long-tokens", "0", "--vllm-batch-sizes", "2", "--vllm-engines", "eager",
                   "--vllm-kv-cache-gib", "0.25")  # fmt: skip
     vllm = [p for p in record["parts"] if p["name"].startswith("vllm")]
-    assert [p["name"] for p in vllm] == ["vllm eager: batch [2]", "vllm compiled: batch [2]"]
+    assert [p["name"] for p in vllm] == ["vllm eager: batch [2]"]
     assert record["failed"] == []
     assert {r["method"] for r in vllm[0]["rows"]} == {
         "dense", "dense@vllm", "ours@vllm", "ours_frozen@vllm"}  # fmt: skip
-    assert {r["method"] for r in vllm[1]["rows"]} == {"dense", "dense@vllm"}
     frozen = next(r for r in vllm[0]["rows"] if r["method"] == "ours_frozen@vllm")
     assert frozen["sparse_fraction"] == 1.0
