@@ -51,6 +51,9 @@ from bwprune.vllm.session import Session
 
 log = logging.getLogger(__name__)
 COMPILE = ("auto", "true", "false")
+# vLLM logs its set-up at length (and a harmless traceback: no tokenizer, by design) into a run's
+# console; it reads its level once, when first imported, which a run does after this module.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 
 @dataclass(frozen=True)
