@@ -216,8 +216,7 @@ class VLLMRunner:
     def run(self, driver: MethodDriver, prompts: list[list[int]], params: list,
             progress: Callable[[int, int], None] | None = None):  # fmt: skip
         """vLLM's outputs (in prompt order) and the session that drove `driver` through them."""
-        session = Session(driver, driver.host, self.model_runner, progress)
-        session.begin_generation(self.device)
+        session = Session(driver, driver.host, self.model_runner, self.device, progress)
         with self.bound(session), driver.attached():
             outputs = self.llm.generate(
                 [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False

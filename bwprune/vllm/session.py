@@ -84,29 +84,26 @@ class ForwardBatch:
 class Session:
     """One method's driver bound to a vLLM model for static-batch generations."""
 
-    def __init__(self, driver: MethodDriver, host: VLLMHost, runner,
+    def __init__(self, driver: MethodDriver, host: VLLMHost, runner, device: torch.device,
                  progress: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
-        """`runner`: vLLM's model runner (its input batch says what each forward runs);
-        `progress(step, live rows)` is called before every decode forward."""
+        """One static batch (its requests all queued before its first forward). `runner`:
+        vLLM's model runner (its input batch says what each forward runs); `progress(step,
+        live rows)` is called before every decode forward."""
         self.driver, self.host, self.runner, self.progress = driver, host, runner, progress
         self.slots: list[str] = []  # the request in each slot
         self.rows: list[str] = []  # the requests the generation started with, in slot order
-        self.timer: StepTimer | None = None
-        self.step = 0
-
-    def begin_generation(self, device: torch.device) -> None:
-        """A new static batch: its requests are all queued before its first forward."""
-        self.slots, self.rows, self.step = [], [], 0
         self.timer = StepTimer(device)
+        self.step = 0
 
     def forward(self, positions: torch.Tensor, run: Callable[[], T]) -> T:
         batch = ForwardBatch.read(self.runner, positions)
         if not self.slots and batch.prompts:
             self.timer.mark()
             return self._prefill(batch, positions.device, run)
-        if self.slots and batch.decode and set(batch.req_ids) <= set(self.slots):
+        present = set(batch.req_ids)
+        if self.slots and batch.decode and present <= set(self.slots):
             self.timer.mark()
-            return self._decode(batch, positions.device, run)
+            return self._decode(batch, present, positions.device, run)
         raise UserError(
             "the vLLM host runs static batches (every prompt whole in the first forward, then "
             "one token per request); this forward is a server's batch (chunked prefill or "
@@ -139,8 +136,8 @@ class Session:
         self.host.place(torch.arange(batch.starts[-1], device=device) if padded else None)
         return self.driver.prefill(valid, run)
 
-    def _decode(self, batch: ForwardBatch, device: torch.device, run: Callable[[], T]) -> T:
-        present = set(batch.req_ids)
+    def _decode(self, batch: ForwardBatch, present: set[str], device: torch.device,
+                run: Callable[[], T]) -> T:  # fmt: skip
         if len(present) < len(self.slots):  # finished requests left vLLM's batch
             keep = [i for i, r in enumerate(self.slots) if r in present]
             self.driver.keep_rows(torch.tensor(keep, device=device))
