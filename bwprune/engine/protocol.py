@@ -106,14 +106,20 @@ class MethodDriver:
         not measured (ledger definition)."""
         return self._whole(valid, forward, measured=False)
 
-    def decode(self, step: int, finished: torch.Tensor, forward: Callable[[bool], T]) -> T:
+    def decode(self, step: int, finished: torch.Tensor, forward: Callable[[bool], T],
+               rows: torch.Tensor | None = None) -> T:  # fmt: skip
         """Decode step `step`: one token per row; rows in `finished` neither count nor steer.
 
         `forward(capturable)` is told whether the method allows this step to run compiled.
+        `rows`: the slots the forward computes, one token each, ascending (None: every slot).
+        An engine that drops empty slots from its forwards (vLLM) passes them, where one that
+        keeps a fixed shape (the HF loop) runs finished rows as filler; either way only the
+        unfinished rows count.
         """
         active = ~finished
         ctx = self._context(Phase.DECODE, step, finished, None)
-        return self._run(ctx, active[:, None], None,
+        valid = active[:, None] if rows is None else active[rows][:, None]
+        return self._run(ctx, valid, rows,
                          lambda: forward(self.method.capturable()), counted=active)  # fmt: skip
 
     def score(self, valid: torch.Tensor, forward: Callable[[], T]) -> T:

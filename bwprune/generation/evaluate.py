@@ -201,7 +201,12 @@ def _stream(cfg, prepared: PreparedModel, runner: BatchedRunner, todo, reference
         pick = [work[i] for i in items], [prompts[i] for i in items]
         bar.update(record(*pick, completions, [quality[i] for i in items], timing, bar))
 
-    stream.run(ids, finished, progress=inside)
+    if cfg.generation.backend == "vllm":  # vLLM streams; quality still teacher-forces in HF
+        from bwprune.vllm.runner import vllm_engines
+
+        vllm_engines(cfg, prepared, runner, todo, timed=False)[0].stream(ids, finished, inside)
+    else:
+        stream.run(ids, finished, progress=inside)
     bar.close()
 
 

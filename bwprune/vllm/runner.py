@@ -47,7 +47,9 @@ from bwprune.methods.host import decides_per_forward
 from bwprune.models.loading import load_model
 from bwprune.runs.speedup import timed_ratios
 from bwprune.vllm.host import VLLMHost
-from bwprune.vllm.session import Session
+from bwprune.vllm.session import Session, StreamSession
+
+UNMIXED = "bwprune.vllm.scheduler.UnmixedScheduler"  # imported by vLLM, never before it
 
 log = logging.getLogger(__name__)
 COMPILE = ("auto", "true", "false")
@@ -120,16 +122,19 @@ class VLLMRunner:
 
         self.hf, self.prepared, self.method = hf, prepared, prepared.method
         self.tokenizer, self.sampling, self.device = hf.tokenizer, hf.sampling, hf.device
-        self.settings = settings
+        self.settings, self.slots = settings, slots
         self.compiled = self._compiled()
         self.host = VLLMHost(self.method, self.compiled)
         dtype = str(next(prepared.model.parameters()).dtype).removeprefix("torch.")
+        longest = settings.max_model_len or prepared.model.config.max_position_embeddings
         started = time.perf_counter()
         self.llm = LLM(
             model=str(folder), skip_tokenizer_init=True, dtype=dtype, seed=seed,
             enforce_eager=not self.compiled, enable_prefix_caching=not self.host.glued,
-            max_num_seqs=slots, max_num_batched_tokens=max(2048, slots * prompt_tokens),
-            max_model_len=settings.max_model_len, load_format=load_format,
+            max_num_seqs=slots, max_model_len=settings.max_model_len, load_format=load_format,
+            # prompts run whole, in forwards of their own (`bwprune.vllm.scheduler`)
+            scheduler_cls=UNMIXED, enable_chunked_prefill=False,
+            max_num_batched_tokens=max(2048, slots * prompt_tokens, longest),
             kv_cache_memory_bytes=int(settings.kv_cache_gib * 2**30),
             hf_overrides={"architectures": [ARCHITECTURES[type(prepared.model).__name__]]},
         )  # fmt: skip
@@ -224,8 +229,35 @@ class VLLMRunner:
         session.end_generation()
         return outputs, session
 
+    def stream(self, prompts: list[torch.Tensor], on_finish,
+               progress: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
+        """Continuous batching, as `bwprune.generation.stream.StreamRunner.run`: every prompt
+        (1-D ids) through `slots` seats, `max_num_seqs` at a time, in order; `on_finish(items,
+        completions, timing)` receives requests as they finish, with the time since its last
+        call. The run's method decides from the requests in each forward."""
+        stop = self.hf.stop_ids.tolist()
+        params = self.sampling_params(max_tokens=self.sampling.max_new_tokens, stop=stop)
+        driver, engine = self.driver, self.llm.llm_engine
+        session = StreamSession(driver, driver.host, self.model_runner, self.device, self.slots,
+                                progress=progress)  # fmt: skip
+        with self.bound(session), driver.attached():
+            for i, p in enumerate(prompts):
+                engine.add_request(str(i), {"prompt_token_ids": p.tolist()}, params)
+            while engine.has_unfinished_requests():
+                done = [out for out in engine.step() if out.finished]
+                if not done:
+                    continue
+                summaries = session.release([out.request_id for out in done])
+                completions = [
+                    self.hf.completion(list(out.outputs[0].token_ids),
+                                       out.outputs[0].finish_reason == "stop", summary)
+                    for out, summary in zip(done, summaries)
+                ]  # fmt: skip
+                on_finish([int(out.request_id) for out in done], completions, session.take())
+            session.close()
+
     @contextmanager
-    def bound(self, session: Session):
+    def bound(self, session: Session | StreamSession):
         self.model.bwprune_session = session
         try:
             yield

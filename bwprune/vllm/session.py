@@ -14,9 +14,12 @@ calls the driver as the HF loop does (`bwprune.engine.protocol.MethodDriver`):
   live counts: a finished row neither counts nor steers either way).
 
 So a static batch (every request queued before the first forward) runs the method's exact
-protocol. Any other forward — a prompt split over forwards (chunked prefill), prompts that join
-a running batch, a forward mixing prompt and decode tokens — is refused with one line: that is a
-server's batch (continuous batching), which this host does not run yet.
+protocol (`Session`). A stream — requests that join a running batch, as a server's do — runs the
+continuous-batching protocol of the HF stream (`StreamSession`, `bwprune.generation.stream`):
+`max_num_seqs` slots, a finished request leaves its slot (`leave`), arriving requests take free
+slots with their prompts' forward (`enter`), decode forwards run the occupied slots. Its forwards
+must each be all prompts or all decode steps, which vLLM's own scheduler does not promise (it
+mixes them, and chunks long prompts): `bwprune.vllm.scheduler.UnmixedScheduler` does.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import torch
 
 from bwprune.engine.protocol import MethodDriver
 from bwprune.errors import UserError
+from bwprune.generation.runner import BatchTiming
+from bwprune.generation.stream import Laps
 from bwprune.generation.timing import StepTimer
 from bwprune.vllm.host import VLLMHost
 
@@ -74,6 +79,13 @@ class ForwardBatch:
         """Every request runs one token past its prompt."""
         return all(self.scheduled(i) == 1 and c >= p
                    for i, (c, p) in enumerate(zip(self.computed, self.prompt)))  # fmt: skip
+
+    def entering(self, slots: list[str | None]) -> bool:
+        """Every request runs its prompt to the end in this forward, from its first token: a
+        request new to the stream, or one vLLM preempted and recomputes whole (it is in a slot)."""
+        rows = enumerate(zip(self.req_ids, self.computed, self.prompt))
+        return all((r not in slots or c == 0) and c + self.scheduled(i) >= p
+                   for i, (r, c, p) in rows)  # fmt: skip
 
     def describe(self) -> str:
         rows = zip(self.req_ids, self.computed, self.prompt)
@@ -150,5 +162,113 @@ class Session:
             self.progress(self.step, len(self.slots))
         finished = torch.zeros(len(self.slots), dtype=torch.bool, device=device)
         out = self.driver.decode(self.step, finished, lambda capturable: run())
+        self.step += 1
+        return out
+
+
+class StreamSession:
+    """One method's driver bound to a vLLM model for a stream: requests arrive at any time (a
+    server's, or an offline stream's `max_num_seqs` at a time), each runs in a slot of its own
+    while it lasts, as in `bwprune.generation.stream`."""
+
+    def __init__(self, driver: MethodDriver, host: VLLMHost, runner, device: torch.device,
+                 slots: int, on_leave: Callable[[str, dict], None] | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
+        """`slots`: vLLM's `max_num_seqs`; `on_leave(request id, ledger summary)` is called as
+        each request leaves the stream (a server's; without it, `release` hands summaries back);
+        `progress(step, live rows)` before every decode forward."""
+        self.driver, self.host, self.runner = driver, host, runner
+        self.on_leave, self.progress, self.device = on_leave, progress, device
+        self.slots: list[str | None] = [None] * slots  # the request in each slot
+        self.summaries: dict[str, dict] = {}  # request id -> ledger summary, left, not released
+        self.step = 0  # decode forwards so far: the stream's clock
+        driver.start(slots)  # a stream is one generation, its slots empty until requests come
+        driver.leave(torch.arange(slots, device=device))
+        self.laps = Laps(device)
+        self._running: tuple[str, int] | None = None  # the forward in flight: kind, tokens
+
+    def forward(self, positions: torch.Tensor, run: Callable[[], T]) -> T:
+        self._lap()
+        batch = ForwardBatch.read(self.runner, positions)
+        self._leave(set(self.runner.requests))
+        if batch.entering(self.slots):
+            self._running = ("prefill", 0)
+            return self._enter(batch, positions.device, run)
+        if batch.decode and set(batch.req_ids) <= set(self.slots):
+            self._running = ("step", len(batch.req_ids))
+            return self._decode(batch, positions.device, run)
+        raise UserError(
+            "a stream in vLLM needs forwards that are all prompts or all decode steps "
+            "(vLLM's scheduler mixes them: run it with scheduler_cls="
+            f"bwprune.vllm.scheduler.UnmixedScheduler); this forward: {batch.describe()}"
+        )
+
+    def take(self) -> BatchTiming:
+        """The time since the last `take` (the first forward for the first), split as the HF
+        stream's (`bwprune.generation.stream.Laps`); until the next forward it is host time."""
+        self._lap()
+        timing = self.laps.take()
+        self.laps.restart()
+        self._running = ("host", 0)
+        return timing
+
+    def release(self, requests: list[str]) -> list[dict]:
+        """`requests` (the ids they were added with) finished: they leave at once, before any
+        request takes their seats, as rows leave the HF stream; their ledger summaries."""
+        external = {r: r if r in requests else r.rsplit("-", 1)[0]
+                    for r in self.slots if r is not None}  # fmt: skip
+        self._leave({r for r, e in external.items() if e not in requests})
+        internal = {external[r]: r for r in external}
+        return [self.summaries.pop(internal[r]) for r in requests]
+
+    def close(self) -> None:
+        """The stream is over: every request still in a slot leaves."""
+        self._leave(set())
+
+    def _lap(self) -> None:
+        if self._running is None:
+            self.laps.restart()
+        else:
+            self.laps.lap(*self._running)
+
+    def _leave(self, known: set[str]) -> None:
+        """Requests vLLM no longer holds (finished, aborted) leave their slots."""
+        gone = [i for i, r in enumerate(self.slots) if r is not None and r not in known]
+        if not gone:
+            return
+        summaries = self.driver.leave(torch.tensor(gone, device=self.device))
+        for i, summary in zip(gone, summaries):
+            request, self.slots[i] = self.slots[i], None
+            if self.on_leave is None:
+                self.summaries[request] = summary  # until `release` hands it back
+            else:
+                self.on_leave(request, summary)
+
+    def _enter(self, batch: ForwardBatch, device: torch.device, run: Callable[[], T]) -> T:
+        """Arriving requests take free slots in vLLM's order (a recomputed one keeps its own)."""
+        free = iter(i for i, r in enumerate(self.slots) if r is None)
+        slots = [self.slots.index(r) if r in self.slots else next(free) for r in batch.req_ids]
+        for slot, request in zip(slots, batch.req_ids):
+            self.slots[slot] = request
+        lengths = torch.tensor([batch.scheduled(i) for i in range(len(slots))], device=device)
+        width = int(lengths.max())
+        valid = torch.arange(width, device=device)[None] >= (width - lengths)[:, None]
+        padded = batch.tokens != batch.starts[-1]
+        self.host.place(torch.arange(batch.starts[-1], device=device) if padded else None)
+        return self.driver.enter(torch.tensor(slots, device=device), valid, run)
+
+    def _decode(self, batch: ForwardBatch, device: torch.device, run: Callable[[], T]) -> T:
+        """One token for each request in the forward; every other slot sits this step out."""
+        where = {r: batch.starts[i] for i, r in enumerate(batch.req_ids)}
+        rows = [i for i, r in enumerate(self.slots) if r in where]
+        order = [where[self.slots[i]] for i in rows]
+        same = order == list(range(len(order))) and batch.tokens == len(order)
+        self.host.place(None if same else torch.tensor(order, device=device))
+        finished = torch.ones(len(self.slots), dtype=torch.bool, device=device)
+        finished[rows] = False
+        if self.progress is not None:
+            self.progress(self.step, len(rows))
+        out = self.driver.decode(self.step, finished, lambda capturable: run(),
+                                 torch.tensor(rows, device=device))  # fmt: skip
         self.step += 1
         return out

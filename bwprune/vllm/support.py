@@ -15,11 +15,6 @@ def refuse_unsupported(cfg: DictConfig, method: PruningMethod, kind: str) -> Non
     if kind != "generate":
         raise UserError(f"generation.backend=vllm generates; a {kind} benchmark scores given "
                         "text through the HF host: use generation.backend=hf")  # fmt: skip
-    if gen.batching != "static":
-        raise UserError(
-            "generation.backend=vllm runs static batches; generation.batching="
-            f"{gen.batching!r} (a server's batch) needs generation.backend=hf"
-        )
     if gen.get("batch_invariant", False):
         raise UserError("generation.batch_invariant=true needs generation.backend=hf "
                         "(vLLM batches every row it holds)")  # fmt: skip

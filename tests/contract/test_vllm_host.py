@@ -14,6 +14,7 @@ from bwprune.engine.protocol import MethodDriver
 from bwprune.errors import UserError
 from bwprune.generation.prepared import prepare_loaded
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
+from bwprune.generation.stream import StreamRunner
 from bwprune.methods.base import Phase
 from bwprune.models.loading import load_model
 from tests.conftest import compose_cfg, small_calibration
@@ -76,6 +77,46 @@ class Engine:
         with decisions(method) as seen:
             completions, _ = runner.generate_tokens(*self.padded())
         return [c.token_ids for c in completions], [c.sparsity for c in completions], seen
+
+    def hf_runner(self, method) -> BatchedRunner:
+        ledger = SparsityLedger(self.prepared.adapter, torch.device("cpu"))
+        runner = BatchedRunner(self.model, self.tok, method, self.prepared.adapter,
+                               self.sampling, ledger=ledger)  # fmt: skip
+        runner.stop_ids = torch.tensor(self.stop, dtype=torch.long)
+        return runner
+
+    def stream_hf(self, method, prompts: list[list[int]]) -> tuple[dict, dict, list]:
+        """Each prompt's tokens and ledger summary through the HF stream's 4 slots."""
+        tokens, rows = {}, {}
+
+        def finished(items, completions, timing) -> None:
+            for i, c in zip(items, completions):
+                tokens[i], rows[i] = c.token_ids, c.sparsity
+
+        with decisions(method) as seen:
+            StreamRunner(self.hf_runner(method), 4).run([torch.tensor(p) for p in prompts],
+                                                        finished)  # fmt: skip
+        return tokens, rows, seen
+
+    def stream_vllm(self, method, prompts: list[list[int]]) -> tuple[dict, dict, list]:
+        """The same through vLLM's 4 seats (`VLLMRunner.stream`)."""
+        tokens, rows = {}, {}
+
+        def finished(items, completions, timing) -> None:
+            for i, c in zip(items, completions):
+                tokens[i], rows[i] = c.token_ids, c.sparsity
+
+        v = self.vllm
+        saved = v.driver, v.hf.stop_ids
+        ledger = SparsityLedger(self.prepared.adapter, torch.device("cpu"))
+        v.driver = v.driver if method is self.prepared.method else v.driver_for(method, ledger)
+        v.hf.stop_ids = torch.tensor(self.stop, dtype=torch.long)
+        try:
+            with decisions(method) as seen:
+                v.stream([torch.tensor(p) for p in prompts], finished)
+        finally:
+            v.driver, v.hf.stop_ids = saved
+        return tokens, rows, seen
 
     def run_vllm(self, method) -> tuple[list, list, list]:
         ledger = SparsityLedger(self.prepared.adapter, torch.device("cpu"))
@@ -149,6 +190,32 @@ def test_a_static_batch_in_vllm_is_the_hf_hosts(engine, name):
         assert any(r["sparse_steps"] for r in rows), f"{name} never pruned"
         decode = [s for s in seen if s[0] is Phase.DECODE]
         assert decode
+
+
+STREAM = PROMPTS + [[11 + 5 * i + j for j in range(3 + 2 * i)] for i in range(5)]  # 9 prompts
+
+
+@pytest.mark.parametrize("name", ["ours", "teal"])
+def test_a_stream_in_vllm_is_the_hf_streams(engine, name):
+    """Nine requests through four seats, rows finishing at different steps: vLLM admits each
+    arriving prompt in a forward of its own as seats free up (`UnmixedScheduler`), as the HF
+    stream does, so the method decides the same at every forward and every request gets the
+    same tokens and the same realized sparsity."""
+    method = engine.method(name)
+    engine.stop_mid_way(method)
+    hf_tokens, hf_rows, hf_seen = engine.stream_hf(method, STREAM)
+    tokens, rows, seen = engine.stream_vllm(method, STREAM)
+    assert tokens == hf_tokens
+    assert len({len(t) for t in tokens.values()}) > 1, "rows should finish at different steps"
+    assert all(same_ledger(rows[i], hf_rows[i]) for i in rows), (rows, hf_rows)
+    assert any(r["sparse_steps"] for r in rows.values())
+    entries = [s for s in seen if s[0] is Phase.PREFILL]
+    assert len(entries) > 1, "requests should have entered a running stream"
+    assert [(p, s) for p, s, _ in seen] == [(p, s) for p, s, _ in hf_seen]
+    for (_, step, kept), (_, _, hf_kept) in zip(seen, hf_seen):
+        if kept is not None:
+            same = [(k is None and h is None) or torch.equal(k, h) for k, h in zip(kept, hf_kept)]
+            assert all(same), f"kept sets differ at step {step}"
 
 
 def test_static_pruning_runs_its_pruned_weights(calibration):

@@ -60,3 +60,20 @@ def test_a_weight_editing_method_is_timed_against_the_model_as_loaded(cfg_factor
     record = run(cfg)
     assert record["metrics"]["realized_sparsity"]["params"] > 0
     assert record["metrics"]["speedup"]["step"]["median"] > 0
+
+
+def test_a_stream_through_vllm_is_the_hf_streams_run(cfg_factory):
+    """generation.batching=continuous with the vLLM backend: vLLM admits requests as seats free
+    up; the run records the HF stream's completions and sparsity, and its KL to dense
+    (teacher-forced through the HF stream, as any stream run's)."""
+    stream = ["method=ours", "method.t_init=2", "generation.batching=continuous",
+              "quality.enabled=true", "quality.max_tokens=6"]  # fmt: skip
+    vllm = cfg_factory(*TINY, *stream)
+    hf = cfg_factory(*TINY, *stream, "generation.backend=hf")
+    got, want = run(vllm), run(hf)
+    assert completions(got, vllm) == completions(want, hf)
+    flat = {k: v for k, v in got["metrics"]["realized_sparsity"].items() if k != "per_layer"}
+    want_flat = {k: want["metrics"]["realized_sparsity"][k] for k in flat}
+    assert flat == pytest.approx(want_flat, abs=1e-9)
+    assert got["metrics"]["quality"] and got["metrics"]["quality"] == want["metrics"]["quality"]
+    assert got["metrics"]["realized_sparsity"]["sparse_step_fraction"] > 0

@@ -15,7 +15,6 @@ from bwprune.vllm.support import refuse_unsupported
     ("overrides", "message"),
     [
         (["method=trisp"], "cannot run in vLLM: its pruned layers have widths of their own"),
-        (["generation.batching=continuous"], "runs static batches"),
         (["generation.batch_invariant=true"], "needs generation.backend=hf"),
         (["benchmark=wikitext2"], "a perplexity benchmark scores given text"),
         (["generation.backend=sglang"], "generation.backend='sglang'"),
