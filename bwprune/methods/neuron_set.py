@@ -74,6 +74,13 @@ class PhaseScores:
             count = torch.cat([self._left_count[0], count])
         return count > 0
 
+    def slot_scores(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, D) Eq. 2 scores per slot now, and (B,) which slots observed a token in this
+        phase. Rows set aside (compacted away, or whose slot a new row took) are not there; an
+        emptied slot still holds what its last row gave until a row enters it."""
+        count = self.count[layer]
+        return phase_score(self.sum_sq[layer], count), count > 0
+
     def follow(self, event: RowEvent) -> None:
         """Compaction gathers the slots that go on; a refill empties the slots it takes. Either
         way the rows that left are set aside: they count in `scores`, never change."""

@@ -17,8 +17,10 @@ other lengths than its `t_explore`-token calibration windows (prompt, `t_init`):
 is threshold at batch B against threshold at batch 1.
 
 Streams (continuous batching) are one generation, so the paper's memory never resets in them:
-`memory_policy` (max | reset | decay | window) says how each phase's batch score enters the memory
-(in static batches too), and `on_enter` (prompt | explore) what the prompts of entering rows do.
+`memory_policy` (max | reset | decay | window | request) says how each phase's scores enter the
+memory (in static batches too), and `on_enter` (prompt | explore) what the prompts of entering rows
+do. `request` moves Eq. 3 after the memory: each row keeps its own, and the batch memory is their
+aggregate over the rows now in the batch, so a row that leaves takes its neurons with it.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from bwprune.methods.neuron_set import NeuronSetMethod, PhaseScores
 from bwprune.models.adapters import ModelAdapter
 
 SELECTS = ("topk", "threshold")
-MEMORY_POLICIES = ("max", "reset", "decay", "window")
+MEMORY_POLICIES = ("max", "reset", "decay", "window", "request")
 ON_ENTER = ("prompt", "explore")
 
 
@@ -58,8 +60,12 @@ class Ours(NeuronSetMethod):
     `max` (paper) m ← max(m, s̄); `decay` m ← max(γ·m, s̄), γ = `memory_decay`; `window` m is the
     max of the last `memory_window` phases' s̄; `reset` is `max`, but m is cleared (the next s̄
     becomes m) once every row that was in the batch at the last clearing has left (never within
-    a static batch). What entering rows' prompts do (`on_enter`): `prompt` absorbs their batch
-    score into m at once, refreshing the mask if one is in force; `explore` restarts the paper's
+    a static batch). `request`: each row i keeps its own m_i ← max(m_i, s_i) (m_i ← s_i under
+    `memory: false`) from its own Eq. 2 score, for the rows that observed the phase; the mask
+    selects from m = Eq. 3 over the rows in the batch at the refresh (occupied, not finished), so
+    in a static batch with no row finished, with `aggregate: max`, it is `max` (max over rows and
+    phases commute). What entering rows' prompts do (`on_enter`): `prompt` absorbs their score
+    into m at once, refreshing the mask if one is in force; `explore` restarts the paper's
     batch-start schedule: prompt phase, `t_init` dense observing steps, first mask, periods.
     """
 
@@ -108,7 +114,7 @@ class Ours(NeuronSetMethod):
         self.memory_window, self.on_enter = memory_window, on_enter
         self.k: list[int] = []  # kept neurons per layer (top-k)
         self.thresholds: torch.Tensor | None = None  # (L,) for select=threshold
-        self.memory: list[torch.Tensor | None] = []  # (D,) per layer
+        self.memory: list[torch.Tensor | None] = []  # (D,) per layer (request: of the last mask)
         self._recent: list[deque] = []  # memory_policy=window: the last s̄ per layer
         self._cleared_after = 0  # memory_policy=reset: rows that arrived up to the last clearing
         self._origin: int | None = 0  # decode step where the schedule began; None: the next
@@ -131,10 +137,17 @@ class Ours(NeuronSetMethod):
         self._recent = [deque(maxlen=self.memory_window) for _ in self.shape.d_ff]
         self._cleared_after = 0
         self._origin = 0
+        if self.memory_policy == "request":  # per slot: follow compaction, zeroed on entry
+            device = self.slots.occupied.device
+            self.slot_state["memory"] = [torch.zeros(batch_size, d, device=device)
+                                         for d in self.shape.d_ff]  # fmt: skip
+            self.slot_state["finished"] = torch.zeros(batch_size, dtype=torch.bool, device=device)
 
     def before_forward(self, ctx: StepContext) -> None:
         if not self.active:
             return
+        if self.memory_policy == "request":  # the rows that stopped no longer count (Eq. 3)
+            self.slot_state["finished"] = ctx.finished.to(self.slots.occupied.device)
         if self._origin is None:  # rows entered under on_enter=explore: the schedule restarts
             self._origin = ctx.step
         self._schedule(ctx.step - self._origin)
@@ -186,6 +199,9 @@ class Ours(NeuronSetMethod):
         """Eq. 3 + memory: the phase's batch score s̄ enters m per layer under `memory_policy`."""
         if not phase.observed:
             return
+        if self.memory_policy == "request":
+            self._absorb_rows(phase)
+            return
         elders = self.slots.occupied & (self.slots.arrival <= self._cleared_after)
         if self.memory_policy == "reset" and not bool(elders.any()):
             self.memory = [None] * len(self.memory)  # every row of the last clearing has left
@@ -194,6 +210,17 @@ class Ours(NeuronSetMethod):
         for layer, prev in enumerate(self.memory):
             batch_score = aggregate(phase.scores(layer), rows, self.aggregate)  # (D,)
             self.memory[layer] = self._merge(layer, prev, batch_score)
+
+    def _absorb_rows(self, phase: PhaseScores) -> None:
+        """memory_policy=request: each row's own score s_i enters its own m_i (Eq. 3 waits for
+        the mask). A row that left mid-phase gives nothing: the phase set it aside, or its slot
+        is empty (only occupied slots are written)."""
+        memories = self.slot_state["memory"]
+        for layer, held in enumerate(memories):
+            score, observed = phase.slot_scores(layer)  # (B, D), (B,)
+            new = torch.maximum(held, score) if self.memory_on else score
+            rows = (observed & self.slots.occupied)[:, None]
+            memories[layer] = torch.where(rows, new, held)
 
     def _merge(self, layer: int, prev: torch.Tensor | None, score: torch.Tensor) -> torch.Tensor:
         """m ← the memory policy of (m, s̄); `memory=false`: m ← s̄ of this phase."""
@@ -209,6 +236,9 @@ class Ours(NeuronSetMethod):
         return torch.maximum(prev, score)
 
     def _refresh_mask(self) -> None:
+        if self.memory_policy == "request":  # Eq. 3 over the rows in the batch now
+            live = self.slots.occupied & ~self.slot_state["finished"]
+            self.memory = [aggregate(m, live, self.aggregate) for m in self.slot_state["memory"]]
         self.set_kept([self._select(layer, m) for layer, m in enumerate(self.memory)])
 
     def _select(self, layer: int, memory: torch.Tensor) -> torch.Tensor:

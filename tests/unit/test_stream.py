@@ -240,13 +240,17 @@ def test_each_continuous_run_is_shown_beside_its_static_twin_only():
         row("s-max-4", "static", "max", 4, 1.0), row("c-max-4", "continuous", "max", 4, 2.0),
         row("s-decay-4", "static", "decay", 4, 1.5),
         row("c-decay-4", "continuous", "decay", 4, 1.6),
+        row("s-request-4", "static", "request", 4, 1.0),
+        row("c-request-4", "continuous", "request", 4, 1.2),
         row("c-max-16", "continuous", "max", 16, 3.0),  # no static twin: left out
     ])  # fmt: skip
     pairs = stream_pairs(runs)
-    assert list(pairs["label"]) == ["ours (decay)", "ours (max)"]
-    assert list(pairs["kl_static"]) == [1.5, 1.0] and list(pairs["kl_continuous"]) == [1.6, 2.0]
-    assert list(pairs["run_keys"]) == [("s-decay-4", "c-decay-4"), ("s-max-4", "c-max-4")]
-    assert set(static_runs(runs)["run_key"]) == {"s-max-4", "s-decay-4"}
+    assert list(pairs["label"]) == ["ours (decay)", "ours (max)", "ours (request)"]
+    assert list(pairs["kl_static"]) == [1.5, 1.0, 1.0]
+    assert list(pairs["kl_continuous"]) == [1.6, 2.0, 1.2]
+    assert list(pairs["run_keys"]) == [("s-decay-4", "c-decay-4"), ("s-max-4", "c-max-4"),
+                                       ("s-request-4", "c-request-4")]  # fmt: skip
+    assert set(static_runs(runs)["run_key"]) == {"s-max-4", "s-decay-4", "s-request-4"}
 
 
 @pytest.mark.parametrize("name", ["ours", "teal"])

@@ -169,6 +169,9 @@ def test_entering_sets_the_old_occupant_aside_like_a_row_that_left():
     gathered.follow(RowsGathered(torch.tensor([0, 2])))
     torch.testing.assert_close(phase.scores(0)[[0, 1, 3]], gathered.scores(0))
     assert phase.rows.tolist() == [True, True, False, True]
+    score, observed = phase.slot_scores(0)  # the slots now: the old occupant is not there
+    torch.testing.assert_close(score, phase.scores(0)[1:])
+    assert observed.tolist() == [True, False, True]
 
 
 # -- memory policies ------------------------------------------------------------------------------
@@ -256,6 +259,145 @@ def test_reset_never_fires_in_a_static_batch():
 
     for a, b in zip(memories("max"), memories("reset"), strict=True):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+# -- memory_policy=request -------------------------------------------------------------------------
+class Masks(Ours):
+    """Ours logging the kept sets of every decode step."""
+
+    def start(self, batch_size):
+        super().start(batch_size)
+        self.masks = []
+
+    def before_forward(self, ctx):
+        super().before_forward(ctx)
+        self.masks.append(kept(self))
+
+
+class RowsLogged(Ours):
+    """Ours logging every absorbed phase's per-slot scores and which slots observed it."""
+
+    def start(self, batch_size):
+        super().start(batch_size)
+        self.rows_absorbed = []
+
+    def _absorb(self, phase):
+        if phase.observed:
+            self.rows_absorbed.append([phase.slot_scores(i) for i in range(2)])
+        super()._absorb(phase)
+
+
+NEURONS = torch.arange(0, 128, 16)  # 8 of tiny_llama's 128 FFN neurons per layer
+
+
+class SlotZeroNeurons:
+    """Pre-hooks on tiny_llama's down projections (dense forwards only: a sparse one computes
+    from sliced weights): `NEURONS` fire, huge, for the row in slot 0 while `on`, so they top
+    its Eq. 2 scores, and never for any other row."""
+
+    def __init__(self, model, batch: int) -> None:
+        self.on, self.batch = True, batch
+        self.handles = [layer.mlp.down_proj.register_forward_pre_hook(self._hook)
+                        for layer in model.model.layers]  # fmt: skip
+
+    def _hook(self, module, args):
+        z = args[0].clone()  # (rows, T, D)
+        z[..., NEURONS] = 0
+        if self.on and z.shape[0] == self.batch:  # every slot's forward, not an entering prefill
+            z[0, :, NEURONS] = 10 * z.abs().amax()
+        return (z, *args[1:])
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def test_request_is_max_in_a_static_batch_where_no_row_finishes():
+    """Max over rows of each row's running max = running max of the max over rows."""
+
+    def masks(policy):
+        method = method_from_conf("ours", cls=Masks, sparsity=0.5, t_init=2, t_explore=2,
+                                  t_prune=2, memory_policy=policy)  # fmt: skip
+        stream = Stream(method)  # loading the model (the first time) seeds torch
+        torch.manual_seed(2)  # the same ids in both streams
+        with stream as s:
+            s.decode(24)
+        return method.masks
+
+    request, paper = masks("request"), masks("max")
+    sparse = [k[0] for k in paper if k[0] is not None]
+    assert len(sparse) == 12 and len({tuple(k.tolist()) for k in sparse}) > 1  # masks moved
+    assert all(same_kept(a, b) for a, b in zip(request, paper, strict=True))
+
+
+@pytest.mark.parametrize("policy", ["request", "max"])
+@pytest.mark.parametrize("departure", ["leave", "replace", "finish"])
+def test_request_lets_a_departed_row_take_its_neurons_with_it(policy, departure):
+    """The row in slot 0 alone fires `NEURONS`; it goes in the middle of an exploration window
+    (its slot left empty, taken by a new row, or its row finished in a static batch). At the
+    next refresh `request` keeps none of them, while `max` remembers them."""
+    method = method_from_conf("ours", sparsity=0.5, t_init=2, t_explore=2, t_prune=2,
+                              memory_policy=policy)  # fmt: skip
+    stream = Stream(method)
+    fires = SlotZeroNeurons(stream.model, stream.batch)
+    try:
+        with stream as s:
+            s.decode(3)  # step 2: the first mask
+            assert all(bool(torch.isin(NEURONS, k).all()) for k in kept(method))
+            s.decode(2)  # step 4 opens an exploration window, which slot 0's row observes
+            fires.on = False
+            if departure == "finish":
+                s.finished[0] = True
+            else:
+                s.leave(0)
+                if departure == "replace":
+                    s.enter(0)
+            s.decode(3)  # step 6 closes the window: a fresh mask
+    finally:
+        fires.remove()
+    forced = [int(torch.isin(NEURONS, k).sum()) for k in kept(method)]
+    assert forced == ([0, 0] if policy == "request" else [len(NEURONS)] * 2)
+
+
+@pytest.mark.parametrize(("how", "memory"), [("mean", True), ("max", False)])
+def test_request_masks_from_the_rows_own_memories_aggregated_over_the_live_rows(how, memory):
+    """m_i <- max(m_i, s_i) (memory=false: s_i) for the rows that observed a phase; the mask is
+    the top-k of Eq. 3 over the rows still running (row 2 finishes before the last refresh)."""
+    method = method_from_conf("ours", cls=RowsLogged, sparsity=0.5, t_init=2, t_explore=2,
+                              t_prune=2, memory_policy="request", aggregate=how,
+                              memory=memory)  # fmt: skip
+    with Stream(method) as s:
+        s.decode(5)
+        s.finished[2] = True  # in the exploration window of steps 4, 5: observed step 4 only
+        s.decode(2)  # step 6: the window enters the memories, then the mask
+    expected = [torch.zeros(3, d) for d in method.shape.d_ff]
+    for scores in method.rows_absorbed:  # prompts, t_init window, first exploration window
+        for layer, (score, observed) in enumerate(scores):
+            new = torch.maximum(expected[layer], score) if memory else score
+            expected[layer] = torch.where(observed[:, None], new, expected[layer])
+    assert len(method.rows_absorbed) == 3
+    assert all(torch.equal(m, e) for m, e in zip(method.slot_state["memory"], expected))
+    live = torch.tensor([True, True, False])
+    assert masked_from(method, [aggregate(e, live, how) for e in expected])
+
+
+def test_request_entering_prompts_enter_their_own_rows_memories_alone():
+    """An entering prompt is the entering row's first m_i; the other rows did not observe that
+    phase, so theirs stay (memory=false would otherwise set them to the phase's zero scores),
+    and the mask in force is refreshed from them all."""
+    method = method_from_conf("ours", sparsity=0.5, t_init=2, t_explore=2, t_prune=2,
+                              memory_policy="request", memory=False)  # fmt: skip
+    with Stream(method) as s:
+        s.decode(3)  # step 2: the first mask
+        before = [m.clone() for m in method.slot_state["memory"]]
+        s.leave(1)
+        s.enter(1)
+    after = method.slot_state["memory"]
+    for b, a in zip(before, after, strict=True):
+        assert torch.equal(a[[0, 2]], b[[0, 2]])
+        assert a[1].all() and not torch.equal(a[1], b[1])
+    every = torch.ones(3, dtype=torch.bool)
+    assert masked_from(method, [aggregate(a, every, "max") for a in after])
 
 
 # -- on_enter -------------------------------------------------------------------------------------
@@ -351,7 +493,7 @@ def test_griffin_reselects_from_the_prompts_of_the_rows_in_the_batch():
     [
         (
             dict(memory_policy="lru"),
-            r"memory_policy='lru' .* \['decay', 'max', 'reset', 'window'\]",
+            r"memory_policy='lru' .* \['decay', 'max', 'request', 'reset', 'window'\]",
         ),
         (
             dict(on_enter="skip"),
