@@ -129,10 +129,12 @@ def build_method(node: DictConfig) -> Any:
     return build(OmegaConf.create(args))
 
 
-def compose_config(conf_dir: str | Path, overrides: list[str] | None = None) -> DictConfig:
-    """conf/config.yaml composed outside `@hydra.main` (scripts, notebooks): same defaults."""
+def compose_config(conf_dir: str | Path, overrides: list[str] | None = None,
+                   name: str = "config") -> DictConfig:  # fmt: skip
+    """conf/<name>.yaml (a run's: config.yaml) composed outside `@hydra.main` (scripts,
+    notebooks): same defaults."""
     from hydra import compose, initialize_config_dir
 
     register_resolvers()
     with initialize_config_dir(config_dir=str(Path(conf_dir).resolve()), version_base="1.3"):
-        return compose("config", overrides=list(overrides or []))
+        return compose(name, overrides=list(overrides or []))

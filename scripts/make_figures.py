@@ -9,6 +9,7 @@ from bwprune.report import figures
 from bwprune.report.control import control_runs
 from bwprune.report.pareto import METRICS as PARETO_METRICS
 from bwprune.report.selection import default_cells, default_runs, default_variants, pareto_runs
+from bwprune.report.serving import load_records
 from bwprune.report.wandb_source import report_config, source_runs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,6 +40,9 @@ def main(overrides: list[str]) -> None:
         made["drift"] = figures.drift(cells)
         made["stream_kl"] = figures.stream_fidelity(runs)
         made["collapse_control_kl"] = figures.collapse_control(control_runs(runs, defaults))
+    served = load_records(results / "serve")  # load tests: scripts/load_test.py
+    if not served.empty:
+        made["serving_latency_throughput"] = figures.latency_throughput(served)
     for speed in sorted((results / "speed").glob("*.json")):
         rows = json.loads(speed.read_text()).get("rows")  # none in a `bench.parts` subset
         if rows:

@@ -6,7 +6,14 @@ from pathlib import Path
 
 from bwprune.errors import UserError
 from bwprune.report.selection import default_variants
-from bwprune.report.tables import all_tables, pareto_table, speed_table, write_tables
+from bwprune.report.serving import load_records
+from bwprune.report.tables import (
+    all_tables,
+    pareto_table,
+    serving_table,
+    speed_table,
+    write_tables,
+)
 from bwprune.report.wandb_source import report_config, source_runs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,6 +40,9 @@ def main(overrides: list[str]) -> None:
         rows = json.loads(speed.read_text()).get("rows")  # none in a `bench.parts` subset
         if rows:
             tables[f"speed_{speed.stem}"] = speed_table(speed.stem, rows)
+    served = load_records(results / "serve")  # load tests: scripts/load_test.py
+    if not served.empty:
+        tables["serving"] = serving_table(served)
     write_tables(tables, results / "tables")
     print(f"wrote {len(tables)} tables (.md, .tex) from {len(runs)} runs to {results / 'tables'}")
 

@@ -161,6 +161,33 @@ def stream_fidelity(runs: pd.DataFrame) -> Figure:
     return fig
 
 
+def latency_throughput(records: pd.DataFrame) -> Figure:
+    """Served methods under load (`bwprune.report.serving.load_records`): time per output token
+    (p50) and end-to-end latency (p99) against achieved output tokens/s, one point per offered
+    request rate, a curve per method; one column per benchmark, model and seats."""
+    settings = sorted({tuple(r) for r in records[["benchmark", "model", "batch_size"]].values})
+    fig = Figure(figsize=(4.6 * max(1, len(settings)) + 0.5, 6.0), layout="constrained")
+    axes = fig.subplots(2, max(1, len(settings)), squeeze=False)
+    rows = (("tpot_p50", "time per output token,\np50 (ms)"),
+            ("e2e_p99", "end-to-end latency,\np99 (s)"))  # fmt: skip
+    for c, (benchmark, model, seats) in enumerate(settings):
+        one = records[(records["benchmark"] == benchmark) & (records["model"] == model)
+                      & (records["batch_size"] == seats)]  # fmt: skip
+        for r, (col, name) in enumerate(rows):
+            ax = axes[r][c]
+            for method in _methods(one):
+                m = one[one["method"] == method].sort_values("rate")
+                ax.plot(m["output_throughput"], m[col], marker="o", label=method)
+                for _, p in m.iterrows():
+                    ax.annotate(f"{p['rate']:g}/s", (p["output_throughput"], p[col]),
+                                fontsize=6, xytext=(3, 3), textcoords="offset points")  # fmt: skip
+            ax.set(xlabel="achieved output tokens/s", ylabel=name,
+                   title=f"{benchmark}, {model}, {seats} seats")  # fmt: skip
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    return fig
+
+
 def drift(runs: pd.DataFrame) -> Figure:
     """Realized vs target sparsity, one panel per batch size: thresholds drift, top-k does not."""
     sizes = sorted(runs["batch_size"].unique())

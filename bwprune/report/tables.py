@@ -27,6 +27,8 @@ from bwprune.report.control import control_runs, protocol_runs
 from bwprune.report.matched import is_matched, matched_frame
 from bwprune.report.pareto import CURVE, X, curves, interpolate
 from bwprune.report.selection import defaults_only, pareto_runs, row_mask
+from bwprune.report.serving import NOTE as SERVING_NOTE
+from bwprune.report.serving import serving_frame
 from bwprune.report.spans import NOTE as SPAN_NOTE
 from bwprune.report.spans import has_intervals, span_cell, with_spans
 from bwprune.report.speed_table import SPEED_COLUMNS, precision_note, table_cells
@@ -354,6 +356,13 @@ def speed_table(name: str, rows: list[dict]) -> Table:
     ) + precision_note(rows)
     frame = pd.DataFrame(table_cells(rows), columns=list(SPEED_COLUMNS))
     return Table(f"Speed: {name}", frame, [], note)
+
+
+def serving_table(records: pd.DataFrame) -> Table:
+    """The load tests (`bwprune.report.serving.load_records`): served methods by request rate."""
+    frame = serving_frame(records)
+    keys = [] if records.empty else list(records["key"])
+    return Table("Serving under load: vLLM's server, Poisson arrivals", frame, keys, SERVING_NOTE)
 
 
 def all_tables(runs: pd.DataFrame, defaults: dict[str, str]) -> dict[str, Table]:

