@@ -48,6 +48,12 @@ figures: $(STAMP)  ## figures from results/runs -> results/figures/
 traces: $(STAMP)  ## per-step traces for the dynamics figures -> results/traces/ (ARGS=overrides)
 	$(PY) scripts/trace.py $(ARGS)
 
+serve: $(STAMP)  ## vLLM's OpenAI server on 127.0.0.1 with a method inside, until Ctrl-C (METHOD=ours ARGS=overrides)
+	$(PY) scripts/serve.py method=$(or $(METHOD),ours) $(ARGS)
+
+load-sweep: $(STAMP)  ## load tests: served methods x request rates (conf/serve.yaml) -> results/serve/ (ARGS=overrides)
+	$(PY) scripts/load_test.py $(ARGS)
+
 bench: $(STAMP)  ## decode speed, methods alternated in one process -> results/speed/ (ARGS=overrides)
 	$(PY) scripts/bench_speed.py $(ARGS)
 

@@ -10,7 +10,8 @@ alone. Each test is one record, written under `serve.records_dir`:
   config.yaml     the resolved config, first
   requests.jsonl  per request: the problem, the completion, its score, time to first token, time
                   per output token, end-to-end latency, tokens; the method's realized sparsity
-  ledger.jsonl    the server's per-request ledger summaries (the plugin's, `serve.bind_served`)
+  ledger.jsonl    the server's per-request ledger summaries (the plugin's, `serve.bind_served`;
+                  one more request after the load makes the last ones leave, `last_request`)
   server.log      the server's output
   run.json        last: throughput, latency percentiles, accuracy, realized sparsity, the dense
                   model's NLL of the completions, provenance
@@ -28,6 +29,7 @@ import json
 import logging
 import math
 import shutil
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -52,8 +54,10 @@ PERCENTILES = (50, 99)
 
 
 def record_key(cfg: DictConfig, rate: float) -> str:
-    """`<benchmark>/<model>/<method>/rate=<r>_bs=<B>_n=<requests>_<hash8>`."""
+    """`<benchmark>/<model>/<method>/rate=<r>_bs=<B>_n=<requests>_<hash8>`: a run's identity
+    and the offered rate (the `serve` keys say how the server runs, not what it computes)."""
     ident = {**identity(cfg), "rate": rate}
+    ident.pop("serve", None)
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()
     leaf = f"rate={rate:g}_bs={cfg.batch_size}_n={cfg.limit}_{digest[:8]}"
     return f"{cfg.benchmark.name}/{cfg.model.name}/{method_name(cfg)}/{leaf}"
@@ -85,7 +89,8 @@ def load_test(cfg: DictConfig, rate: float) -> dict:
     ledger = out / "ledger.jsonl"
     with running_server(cfg, folder, ledger, prepared.method, out / "server.log") as server:
         result = run_bench(bench_args(cfg, server.url, folder, dataset, rate, stops, out))
-    (dataset).unlink()
+        last = last_request(server.url)
+    dataset.unlink()
     if result["failed"]:
         errors = sorted({e for e in result["errors"] if e})[:3]
         raise UserError(f"{result['failed']} of {len(prompts)} requests failed: {errors} "
@@ -95,6 +100,10 @@ def load_test(cfg: DictConfig, rate: float) -> dict:
     texts = result["generated_texts"]
     nll = [dense_nll(dense, prepared.tokenizer, p, t) for p, t in zip(prompts, texts)]
     summaries = [json.loads(line) for line in ledger.read_text().splitlines()]
+    summaries = [s for s in summaries if not s["request"].startswith(f"{last}-")]
+    if len(summaries) != len(prompts):
+        raise UserError(f"the server's ledger has {len(summaries)} lines for {len(prompts)} "
+                        f"requests ({ledger})")  # fmt: skip
     rows = request_rows(benchmark, examples, prompts, result, nll, limit)
     with open(out / "requests.jsonl", "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
@@ -124,6 +133,17 @@ def bench_args(cfg: DictConfig, url: str, folder: Path, dataset: Path, rate: flo
         "--save-result", "--save-detailed", "--result-dir", str(out),
         "--result-filename", "bench.json",
     ]  # fmt: skip
+
+
+def last_request(url: str) -> str:
+    """One more request, after the load, and its id: a finished request is seen to leave the
+    server's stream at the next forward (vLLM tells a model of no finished request), so this
+    one's forward writes the ledger lines of every request before it."""
+    body = {"model": SERVED_NAME, "prompt": "1", "max_tokens": 1, "temperature": 0}
+    request = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=300) as r:
+        return json.loads(r.read())["id"]
 
 
 def run_bench(args: list[str]) -> dict:

