@@ -40,8 +40,9 @@ from tests.contract.oracle import SkipOracle
 METHODS = sorted(p.stem for p in (Path(CONF_DIR) / "method").glob("*.yaml"))
 PER_TOKEN = [m for m in METHODS if "shared_mask" in (Path(CONF_DIR) / "method" / f"{m}.yaml")
              .read_text()]  # fmt: skip
-VARIANTS = [(m, ()) for m in METHODS] + [(m, ("method.shared_mask=false",)) for m in PER_TOKEN]
-IDS = [m + ("-per_token" if extra else "") for m, extra in VARIANTS]
+VARIANTS = [(m, ()) for m in METHODS] + [(m, ("method.shared_mask=false",)) for m in PER_TOKEN] \
+    + [("ours", ("method.memory_policy=request",))]  # fmt: skip
+IDS = [m + ("-" + extra[0].split(".")[-1] if extra else "") for m, extra in VARIANTS]
 STEPS = 32  # forced decode steps: past ours' t_init = 8 and into its first sparse period
 JUNK = 7  # a token id fed where the method must not look
 
