@@ -25,9 +25,20 @@ def package_data_dir() -> str:
 
 
 def register_resolvers() -> None:
-    """`${bwprune_data_dir:}` in conf/paths/default.yaml; idempotent (multirun re-imports)."""
+    """`${bwprune_data_dir:}` in conf/paths/default.yaml, `${by_batching:...}` in method configs;
+    idempotent (multirun re-imports)."""
     if not OmegaConf.has_resolver("bwprune_data_dir"):
         OmegaConf.register_new_resolver("bwprune_data_dir", package_data_dir)
+    if not OmegaConf.has_resolver("by_batching"):
+        OmegaConf.register_new_resolver("by_batching", by_batching)
+
+
+def by_batching(batching: str, static: Any, continuous: Any) -> Any:
+    """`${by_batching:${generation.batching},<static>,<continuous>}`: a method default that
+    differs in streams (a resolved config holds the value, so a run's identity is its value)."""
+    if batching not in BATCHING:
+        raise choices_error("generation.batching", batching, BATCHING)
+    return static if batching == "static" else continuous
 
 
 # Numeric keys, checked for their type before their range: "abc" or 2.5 is a bad value, not a
