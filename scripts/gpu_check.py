@@ -50,7 +50,8 @@ from bwprune.models.byte_tokenizer import byte_tokenizer  # noqa: E402
 from bwprune.report.speed_table import markdown_table  # noqa: E402
 
 CONF = ROOT / "conf"
-SET_HERE = ("name", "_target_", "sparsity", "calibration", "cache_dir")  # method keys set by us
+# method keys set by us (memory_policy: its static-batch value, as every batch here is static)
+SET_HERE = ("name", "_target_", "sparsity", "calibration", "cache_dir", "memory_policy")
 
 
 def read_yaml(path: Path) -> dict:
@@ -89,7 +90,7 @@ def build_method(spec: dict, sparsity: float, settings: dict):
     cfg = read_yaml(path)
     module, _, cls = cfg["_target_"].rpartition(".")
     ours = {"sparsity": sparsity, "calibration": calibration(settings["calibration"]),
-            "cache_dir": settings["cache_dir"]}  # fmt: skip
+            "cache_dir": settings["cache_dir"], "memory_policy": "max"}  # fmt: skip
     kwargs = {k: v for k, v in plain_values(cfg, path).items() if k not in SET_HERE}
     kwargs.update({k: v for k, v in ours.items() if k in cfg}, **spec)
     return getattr(importlib.import_module(module), cls)(**kwargs)
