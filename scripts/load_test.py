@@ -5,7 +5,8 @@ results/serve/; `make tables` and `make figures` then give the latency-throughpu
     python scripts/load_test.py                                  # serve.methods x serve.rates
     python scripts/load_test.py 'serve.methods=[ours]' 'serve.rates=[0.5]' limit=8
 
-A method is a name in conf/method/, or name:override,override (ours:method.memory_policy=request).
+A method is a name in conf/method/, or 'name:override,...' in quotes (Hydra's list grammar):
+    python scripts/load_test.py "serve.methods=[dense,'ours:method.memory_policy=max']"
 Recorded tests are skipped, so an interrupted sweep picks up where it stopped.
 """
 
