@@ -123,3 +123,17 @@ def test_run_key_does_not_depend_on_the_checkout(monkeypatch, tmp_path):
 
     monkeypatch.setattr(identity, "package_data_dir", lambda: str(fake))
     assert run_key(compose_cfg([f"paths.data_dir={fake}"])) == key
+
+
+def test_ours_takes_its_stream_default_in_streams_and_keeps_recorded_keys(cfg_factory):
+    """`memory_policy: ${by_batching:...}`: max (the paper) in static batches, decay in streams;
+    a run's key holds the resolved value, so static runs keep the keys they were recorded with."""
+    static = cfg_factory("method=ours")
+    stream = cfg_factory("method=ours", "generation.batching=continuous")
+    assert (static.method.memory_policy, stream.method.memory_policy) == ("max", "decay")
+    assert run_key(static) == run_key(cfg_factory("method=ours", "method.memory_policy=max"))
+    explicit = cfg_factory("method=ours", "generation.batching=continuous",
+                           "method.memory_policy=decay")  # fmt: skip
+    assert run_key(stream) == run_key(explicit)
+    with pytest.raises(Exception, match=r"generation.batching='bursty'.*continuous.*static"):
+        cfg_factory("method=ours", "generation.batching=bursty").method.memory_policy
