@@ -135,5 +135,6 @@ def test_ours_takes_its_stream_default_in_streams_and_keeps_recorded_keys(cfg_fa
     explicit = cfg_factory("method=ours", "generation.batching=continuous",
                            "method.memory_policy=decay")  # fmt: skip
     assert run_key(stream) == run_key(explicit)
+    bad = cfg_factory("method=ours", "generation.batching=bursty")
     with pytest.raises(Exception, match=r"generation.batching='bursty'.*continuous.*static"):
-        cfg_factory("method=ours", "generation.batching=bursty").method.memory_policy
+        OmegaConf.to_container(bad, resolve=True)
