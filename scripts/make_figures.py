@@ -43,6 +43,7 @@ def main(overrides: list[str]) -> None:
     served = load_records(results / "serve")  # load tests: scripts/load_test.py
     if not served.empty:
         made["serving_latency_throughput"] = figures.latency_throughput(served)
+        made["serving_fidelity"] = figures.serving_fidelity(served)
     for speed in sorted((results / "speed").glob("*.json")):
         rows = json.loads(speed.read_text()).get("rows")  # none in a `bench.parts` subset
         if rows:

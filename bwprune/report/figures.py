@@ -188,6 +188,32 @@ def latency_throughput(records: pd.DataFrame) -> Figure:
     return fig
 
 
+def serving_fidelity(records: pd.DataFrame) -> Figure:
+    """Served methods under load: answer agreement with dense served at the same rate (top) and
+    the dense model's NLL per token of the completions (bottom) against the offered rate, a
+    curve per method (and memory policy); one column per benchmark, model and seats."""
+    settings = sorted({tuple(r) for r in records[["benchmark", "model", "batch_size"]].values})
+    fig = Figure(figsize=(4.6 * max(1, len(settings)) + 0.5, 6.0), layout="constrained")
+    axes = fig.subplots(2, max(1, len(settings)), squeeze=False)
+    rows = (
+        ("agreement", "answers equal to dense's"),
+        ("nll", "dense NLL per token\nof the completions"),
+    )
+    for c, (benchmark, model, seats) in enumerate(settings):
+        one = records[(records["benchmark"] == benchmark) & (records["model"] == model)
+                      & (records["batch_size"] == seats)]  # fmt: skip
+        for r, (col, name) in enumerate(rows):
+            ax = axes[r][c]
+            for method in _methods(one):
+                m = one[one["method"] == method].sort_values("rate")
+                ax.plot(m["rate"], m[col].astype(float), marker="o", label=method)
+            ax.set(xlabel="offered requests/s (Poisson)", ylabel=name,
+                   title=f"{benchmark}, {model}, {seats} seats")  # fmt: skip
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    return fig
+
+
 def drift(runs: pd.DataFrame) -> Figure:
     """Realized vs target sparsity, one panel per batch size: thresholds drift, top-k does not."""
     sizes = sorted(runs["batch_size"].unique())

@@ -53,3 +53,4 @@ def test_a_load_test_against_a_served_method(tmp_path):
     records = load_records(cfg.serve.records_dir)
     assert "ours" in serving_table(records).markdown()
     figures.latency_throughput(records).savefig(tmp_path / "lt.png")
+    figures.serving_fidelity(records).savefig(tmp_path / "fidelity.png")
