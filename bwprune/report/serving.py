@@ -36,10 +36,11 @@ NOTE = (
 
 
 def method_label(config: dict) -> str:
-    """The method's name, with its memory policy when it is not the paper's (`ours`)."""
+    """The method's name, with its memory policy where it has one (`ours`): served, it runs as a
+    stream, whose default policy is not the paper's."""
     method = config.get("method", {})
-    policy = method.get("memory_policy", "max")
-    return method.get("name", "?") + ("" if policy == "max" else f" ({policy})")
+    policy = method.get("memory_policy")
+    return method.get("name", "?") + ("" if policy is None else f" ({policy})")
 
 
 def load_records(root: str | Path) -> pd.DataFrame:

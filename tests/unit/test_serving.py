@@ -76,7 +76,8 @@ def test_a_request_row_holds_its_latencies_score_and_nll():
 def write_record(root, method: str, rate: float, predictions: list, policy: str = "max"):
     folder = root / method / f"{policy}_{rate}"
     folder.mkdir(parents=True)
-    (folder / "config.yaml").write_text(f"method:\n  name: {method}\n  memory_policy: {policy}\n")
+    policy_line = f"  memory_policy: {policy}\n" if method == "ours" else ""
+    (folder / "config.yaml").write_text(f"method:\n  name: {method}\n{policy_line}")
     (folder / "requests.jsonl").write_text(
         "".join(json.dumps({"index": i, "prediction": p}) + "\n" for i, p in enumerate(predictions))
     )
@@ -104,10 +105,10 @@ def test_agreement_is_with_dense_at_the_same_rate(tmp_path):
     write_record(tmp_path, "ours", 1.0, ["4", "2", "1", "9"], policy="request")
     write_record(tmp_path, "teal", 3.0, ["4", "2", None, "9"])  # no dense at its rate
     frame = load_records(tmp_path).set_index(["method", "rate"])
-    assert frame.loc[("ours", 1.0), "agreement"] == pytest.approx(1 / 3)  # 3 answered, 1 same
+    assert frame.loc[("ours (max)", 1.0), "agreement"] == pytest.approx(1 / 3)  # 3 answered, 1 same
     assert frame.loc[("ours (request)", 1.0), "agreement"] == pytest.approx(3 / 4)
     assert frame.loc[("dense", 2.0), "agreement"] == pytest.approx(1.0)
     assert pd.isna(frame.loc[("teal", 3.0), "agreement"])
     table = serving_frame(load_records(tmp_path))
-    assert list(table["method"][:3]) == ["dense", "dense", "ours"]
+    assert list(table["method"][:3]) == ["dense", "dense", "ours (max)"]
     assert "TPOT p50 ms" in table.columns and "agree" in table.columns
