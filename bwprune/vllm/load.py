@@ -127,6 +127,7 @@ def bench_args(cfg: DictConfig, url: str, folder: Path, dataset: Path, rate: flo
         "--model", SERVED_NAME, "--tokenizer", str(folder),
         "--dataset-name", "custom", "--dataset-path", str(dataset),
         "--skip-chat-template", "--disable-shuffle", "--num-prompts", str(cfg.limit),
+        "--custom-output-len", str(cfg.generation.max_new_tokens),  # its default: 256
         "--request-rate", str(rate), "--seed", str(cfg.seed), "--temperature", "0",
         "--extra-body", json.dumps({"stop_token_ids": stops}),
         "--ready-check-timeout-sec", "0", "--disable-tqdm",

@@ -43,10 +43,11 @@ def test_a_load_test_against_a_served_method(tmp_path):
     folder = Path(cfg.serve.records_dir) / record["key"]
     requests = [json.loads(line) for line in (folder / "requests.jsonl").open()]
     ledger = [json.loads(line) for line in (folder / "ledger.jsonl").open()]
-    # every request's ledger line, the last ones written as the server stopped; a request's
-    # first token comes from its prompt's forward, every other from a decode step
-    assert len(ledger) == 6
-    assert sum(r["decode_steps"] for r in ledger) == sum(r["new_tokens"] - 1 for r in requests)
+    # every request's ledger line (and maybe the last request's, sent after the load); a
+    # request's first token comes from its prompt's forward, every other from a decode step
+    assert len(ledger) in (6, 7) and all(r["new_tokens"] <= 12 for r in requests)
+    steps = sum(r["new_tokens"] - 1 for r in requests)
+    assert m["realized_sparsity"]["decode_steps"] == steps
     assert m["realized_sparsity"]["sparse_step_fraction"] > 0
     assert m["realized_sparsity"]["ffn_sparse_steps"] == pytest.approx(0.5)
     assert load_test(cfg, rate=8.0) == record  # recorded: not run again
