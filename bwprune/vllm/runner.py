@@ -75,7 +75,7 @@ class VLLMSettings:
         return cls(str(v.compile).lower(), float(v.kv_cache_gib), length)
 
 
-def _export(model: torch.nn.Module, folder: Path) -> Path:
+def export_model(model: torch.nn.Module, folder: Path) -> Path:
     """The model's config and weights as an HF folder vLLM loads (no tokenizer: ids in, ids out)."""
     from bwprune.vllm.plugin import ARCHITECTURES
 
@@ -96,10 +96,10 @@ def model_folder(cfg: DictConfig, prepared: PreparedModel) -> tuple[Path, bool]:
     root = Path(cfg.paths.cache_dir).expanduser() / "vllm"
     root.mkdir(parents=True, exist_ok=True)
     if prepared.method.edits_weights:
-        return _export(prepared.model, Path(tempfile.mkdtemp(dir=root)) / "model"), True
+        return export_model(prepared.model, Path(tempfile.mkdtemp(dir=root)) / "model"), True
     model_cfg = json.dumps(OmegaConf.to_container(cfg.model, resolve=True), sort_keys=True)
     digest = hashlib.sha256(model_cfg.encode()).hexdigest()[:12]
-    return _export(prepared.model, root / f"{cfg.model.name}-{digest}"), False
+    return export_model(prepared.model, root / f"{cfg.model.name}-{digest}"), False
 
 
 class VLLMRunner:

@@ -71,13 +71,13 @@ def export_served(cfg: DictConfig, folder: Path) -> PreparedModel:
     (pruned) weights and config, the tokenizer, and the prepared method with its ledger."""
     method = build_method(cfg.method)
     refuse_unsupported(cfg, method, "generate")
-    from bwprune.vllm.runner import _export
+    from bwprune.vllm.runner import export_model
 
     prepared = prepare_loaded(*load_model(cfg.model, cfg.paths.cache_dir), method)
     if folder.exists():  # a method's state is saved anew: its calibration may have changed
         shutil.rmtree(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    _export(prepared.model, folder)
+    export_model(prepared.model, folder)
     prepared.tokenizer.save_pretrained(folder)
     torch.save({"method": prepared.method, "ledger": prepared.ledger}, folder / STATE)
     return prepared
