@@ -161,15 +161,13 @@ def stream_fidelity(runs: pd.DataFrame) -> Figure:
     return fig
 
 
-def latency_throughput(records: pd.DataFrame) -> Figure:
-    """Served methods under load (`bwprune.report.serving.load_records`): time per output token
-    (p50) and end-to-end latency (p99) against achieved output tokens/s, one point per offered
-    request rate, a curve per method; one column per benchmark, model and seats."""
+def _served(records: pd.DataFrame, x: str, xlabel: str, rows: tuple, rates: bool) -> Figure:
+    """Load-test records (`bwprune.report.serving.load_records`): each of `rows` (column, label)
+    against `x`, a curve per method, one column of panels per benchmark, model and seats;
+    `rates`: each point labelled with its offered rate."""
     settings = sorted({tuple(r) for r in records[["benchmark", "model", "batch_size"]].values})
     fig = Figure(figsize=(4.6 * max(1, len(settings)) + 0.5, 6.0), layout="constrained")
-    axes = fig.subplots(2, max(1, len(settings)), squeeze=False)
-    rows = (("tpot_p50", "time per output token,\np50 (ms)"),
-            ("e2e_p99", "end-to-end latency,\np99 (s)"))  # fmt: skip
+    axes = fig.subplots(len(rows), max(1, len(settings)), squeeze=False)
     for c, (benchmark, model, seats) in enumerate(settings):
         one = records[(records["benchmark"] == benchmark) & (records["model"] == model)
                       & (records["batch_size"] == seats)]  # fmt: skip
@@ -177,41 +175,30 @@ def latency_throughput(records: pd.DataFrame) -> Figure:
             ax = axes[r][c]
             for method in _methods(one):
                 m = one[one["method"] == method].sort_values("rate")
-                ax.plot(m["output_throughput"], m[col], marker="o", label=method)
-                for _, p in m.iterrows():
-                    ax.annotate(f"{p['rate']:g}/s", (p["output_throughput"], p[col]),
-                                fontsize=6, xytext=(3, 3), textcoords="offset points")  # fmt: skip
-            ax.set(xlabel="achieved output tokens/s", ylabel=name,
-                   title=f"{benchmark}, {model}, {seats} seats")  # fmt: skip
+                ax.plot(m[x], m[col].astype(float), marker="o", label=method)
+                for _, p in m.iterrows() if rates else ():
+                    ax.annotate(f"{p['rate']:g}/s", (p[x], p[col]), fontsize=6, xytext=(3, 3),
+                                textcoords="offset points")  # fmt: skip
+            ax.set(xlabel=xlabel, ylabel=name, title=f"{benchmark}, {model}, {seats} seats")
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     return fig
+
+
+def latency_throughput(records: pd.DataFrame) -> Figure:
+    """Served methods under load: time per output token (p50) and end-to-end latency (p99)
+    against achieved output tokens/s, one point per offered request rate."""
+    rows = (("tpot_p50", "time per output token,\np50 (ms)"),
+            ("e2e_p99", "end-to-end latency,\np99 (s)"))  # fmt: skip
+    return _served(records, "output_throughput", "achieved output tokens/s", rows, rates=True)
 
 
 def serving_fidelity(records: pd.DataFrame) -> Figure:
-    """Served methods under load: answer agreement with dense served at the same rate (top) and
-    the dense model's NLL per token of the completions (bottom) against the offered rate, a
-    curve per method (and memory policy); one column per benchmark, model and seats."""
-    settings = sorted({tuple(r) for r in records[["benchmark", "model", "batch_size"]].values})
-    fig = Figure(figsize=(4.6 * max(1, len(settings)) + 0.5, 6.0), layout="constrained")
-    axes = fig.subplots(2, max(1, len(settings)), squeeze=False)
-    rows = (
-        ("agreement", "answers equal to dense's"),
-        ("nll", "dense NLL per token\nof the completions"),
-    )
-    for c, (benchmark, model, seats) in enumerate(settings):
-        one = records[(records["benchmark"] == benchmark) & (records["model"] == model)
-                      & (records["batch_size"] == seats)]  # fmt: skip
-        for r, (col, name) in enumerate(rows):
-            ax = axes[r][c]
-            for method in _methods(one):
-                m = one[one["method"] == method].sort_values("rate")
-                ax.plot(m["rate"], m[col].astype(float), marker="o", label=method)
-            ax.set(xlabel="offered requests/s (Poisson)", ylabel=name,
-                   title=f"{benchmark}, {model}, {seats} seats")  # fmt: skip
-            ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    return fig
+    """Served methods under load: answer agreement with dense served at the same rate and the
+    dense model's NLL per token of the completions, against the offered rate."""
+    rows = (("agreement", "answers equal to dense's"),
+            ("nll", "dense NLL per token\nof the completions"))  # fmt: skip
+    return _served(records, "rate", "offered requests/s (Poisson)", rows, rates=False)
 
 
 def drift(runs: pd.DataFrame) -> Figure:
