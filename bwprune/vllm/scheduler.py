@@ -14,8 +14,6 @@ from __future__ import annotations
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 
-QUALNAME = f"{__name__}.UnmixedScheduler"  # vLLM's `scheduler_cls`
-
 
 class UnmixedScheduler(Scheduler):
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:

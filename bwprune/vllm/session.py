@@ -93,6 +93,16 @@ class ForwardBatch:
                          for i, (r, c, p) in enumerate(rows))  # fmt: skip
 
 
+def place_prompts(batch: ForwardBatch, host: VLLMHost, device: torch.device) -> torch.Tensor:
+    """A prompt forward's (R, T) left-padded `valid` mask, its rows in vLLM's order; the host is
+    told where the method's tokens are (only vLLM's padding past them differs)."""
+    lengths = torch.tensor([batch.scheduled(i) for i in range(len(batch.req_ids))], device=device)
+    width = int(lengths.max())
+    padded = batch.tokens != batch.starts[-1]
+    host.place(torch.arange(batch.starts[-1], device=device) if padded else None)
+    return torch.arange(width, device=device)[None] >= (width - lengths)[:, None]
+
+
 class Session:
     """One method's driver bound to a vLLM model for static-batch generations."""
 
@@ -141,12 +151,7 @@ class Session:
     def _prefill(self, batch: ForwardBatch, device: torch.device, run: Callable[[], T]) -> T:
         self.slots, self.rows = list(batch.req_ids), list(batch.req_ids)
         self.driver.start(len(self.slots))
-        lengths = torch.tensor([batch.scheduled(i) for i in range(len(self.slots))], device=device)
-        width = int(lengths.max())
-        valid = torch.arange(width, device=device)[None] >= (width - lengths)[:, None]
-        padded = batch.tokens != batch.starts[-1]  # slot order is vLLM's: only padding differs
-        self.host.place(torch.arange(batch.starts[-1], device=device) if padded else None)
-        return self.driver.prefill(valid, run)
+        return self.driver.prefill(place_prompts(batch, self.host, device), run)
 
     def _decode(self, batch: ForwardBatch, present: set[str], device: torch.device,
                 run: Callable[[], T]) -> T:  # fmt: skip
@@ -250,11 +255,7 @@ class StreamSession:
         slots = [self.slots.index(r) if r in self.slots else next(free) for r in batch.req_ids]
         for slot, request in zip(slots, batch.req_ids):
             self.slots[slot] = request
-        lengths = torch.tensor([batch.scheduled(i) for i in range(len(slots))], device=device)
-        width = int(lengths.max())
-        valid = torch.arange(width, device=device)[None] >= (width - lengths)[:, None]
-        padded = batch.tokens != batch.starts[-1]
-        self.host.place(torch.arange(batch.starts[-1], device=device) if padded else None)
+        valid = place_prompts(batch, self.host, device)
         return self.driver.enter(torch.tensor(slots, device=device), valid, run)
 
     def _decode(self, batch: ForwardBatch, device: torch.device, run: Callable[[], T]) -> T:
