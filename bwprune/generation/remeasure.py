@@ -12,9 +12,11 @@ that of the measurement.
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from bwprune.benchmarks.base import Benchmark
@@ -25,6 +27,7 @@ from bwprune.generation.evaluate import paired_timing
 from bwprune.generation.prepared import prepare_model
 from bwprune.generation.prompts import batch_prompts
 from bwprune.generation.runner import SamplingConfig
+from bwprune.runs.identity import LATE_OPTIONS, current_target
 from bwprune.runs.provenance import provenance
 from bwprune.runs.recorder import RunRecorder, batch_keys
 from bwprune.runs.rescore import resummarize
@@ -74,8 +77,9 @@ def remeasure(run_dir: str | Path, current: DictConfig) -> dict:
 
 def _relocated(recorded: DictConfig, current: DictConfig) -> DictConfig:
     """The run's config made runnable here: this checkout's `speed`, `paths` and engine keys
-    (older runs lack them; none changes what is computed), and data shipped in the package
-    named in this checkout (the run may have been recorded in another folder)."""
+    (older runs lack them; none changes what is computed), data shipped in the package named in
+    this checkout (the run may have been recorded in another folder), a renamed method class
+    under its current name, and method options added since at the value the run behaved as."""
     old_data = str(recorded.paths.data_dir)
     new_data = str(current.paths.data_dir)
 
@@ -89,6 +93,11 @@ def _relocated(recorded: DictConfig, current: DictConfig) -> DictConfig:
         return node
 
     cfg = OmegaConf.create(move(OmegaConf.to_container(recorded, resolve=True)))
+    cfg.method._target_ = current_target(cfg.method._target_)
+    accepts = inspect.signature(get_class(cfg.method._target_).__init__).parameters
+    for (group, key), value in LATE_OPTIONS.items():  # options the run's code did not have yet
+        if group == "method" and key in accepts and key not in cfg.method:
+            cfg.method[key] = value
     cfg.speed, cfg.paths = current.speed, current.paths
     cfg.generation = OmegaConf.merge(current.generation, cfg.generation)
     return cfg

@@ -45,6 +45,11 @@ RENAMED_TARGETS = {"bwprune.methods.ours.Ours": "bwprune.methods.ours.BWAP"}
 SWITCHED_BLOCKS = {"cost": "target"}
 
 
+def current_target(target: str) -> str:
+    """A recorded method class's name in this checkout (re-running an old run's config)."""
+    return {old: new for new, old in RENAMED_TARGETS.items()}.get(target, target)
+
+
 def method_name(cfg: DictConfig) -> str:
     """The method's config choice (`conf/method/<name>.yaml` carries its own `name`)."""
     return str(cfg.method.name)

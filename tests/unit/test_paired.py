@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from bwprune.cli import speedup_line, summary
 from bwprune.config import compose_config
@@ -164,6 +165,12 @@ def test_a_finished_run_gets_its_speedup_measured_after_the_fact(cfg_factory):
     assert "speedup" not in record["metrics"]
     folder = Path(cfg_factory().paths.runs_dir) / record["run_key"]
     samples = (folder / "samples.jsonl").read_text()
+    # As recorded before the class was renamed and the stream options existed (committed runs).
+    recorded = OmegaConf.load(folder / "config.yaml")
+    recorded.method._target_ = "bwprune.methods.ours.BWAP"
+    for late in ("memory_policy", "memory_decay", "memory_window", "on_enter"):
+        recorded.method.pop(late)
+    OmegaConf.save(recorded, folder / "config.yaml")
     current = cfg_factory("speed.batches=2", "speed.repeats=2", "speed.max_repeats=2")
     new = remeasure(folder, current)
     m = new["metrics"]
