@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,10 +30,21 @@ QUICK_SPEED = ["speed.batches=1", "speed.repeats=1", "speed.max_repeats=1", "spe
 
 
 def compose_cfg(overrides: list[str] = (), tmp_path: Path | None = None) -> DictConfig:
-    """conf/config.yaml composed as run.py would, with run records under `tmp_path`."""
-    extra = [f"paths.results_dir={tmp_path}"] if tmp_path is not None else []
+    """conf/config.yaml composed as run.py would, with run records under `tmp_path`.
+
+    Each override list is composed once per session and copied per call: Hydra reads and merges
+    every yaml of the defaults list again on each compose (about half a second here), and the
+    suite composes the same few lists hundreds of times."""
+    cfg = copy.deepcopy(_composed(("progress=false", *QUICK_SPEED, *overrides)))
+    if tmp_path is not None and not any(o.startswith("paths.results_dir=") for o in overrides):
+        cfg.paths.results_dir = str(tmp_path)  # the paths below it interpolate it
+    return cfg
+
+
+@functools.cache
+def _composed(overrides: tuple[str, ...]) -> DictConfig:
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose("config", overrides=["progress=false", *QUICK_SPEED, *extra, *overrides])
+        return compose("config", overrides=list(overrides))
 
 
 def method_from_conf(name: str, *overrides: str, cls: type | None = None, **args) -> PruningMethod:

@@ -12,6 +12,7 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from bwprune.runs.identity import run_key
+from tests.conftest import QUICK_SPEED
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,7 +62,7 @@ def test_ctrl_c_says_what_was_kept_and_how_to_resume(tmp_path):
 def test_multirun_sweep_from_the_command_line(tmp_path):
     out = subprocess.run(
         [sys.executable, "run.py", "-m", "model=tiny_llama", "limit=2", "batch_size=1,2",
-         "method=dense,ours", "progress=false", f"paths.results_dir={tmp_path}"],
+         "method=dense,ours", "progress=false", f"paths.results_dir={tmp_path}", *QUICK_SPEED],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
