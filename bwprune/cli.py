@@ -86,7 +86,7 @@ def speedup_line(s: dict, time_to_answer: float | None = None) -> str:
 
 def _precision(s: dict) -> str:
     """`6 trials` (min-max, timed before intervals) or `14 pairs, 95% interval ±2.1%, target ±3%
-    reached`, with the load when it exceeded the cores."""
+    reached`, with the load when other work shared the machine."""
     i = s.get("interval")
     if i is None:
         return f"{s['repeats']} trials"

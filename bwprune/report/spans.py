@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import pandas as pd
 
+from bwprune.generation.interference import OWN_LOAD_MARGIN
+
 NOT_REACHED, OVERLOADED = "†", "‡"
 NOTE = (
     "[low, high] n=N: interval of the median of N paired ratios (95 % unless the run says "
     "otherwise; bwprune/runs/speedup.py), pairs added until it was within the target half-width; "
-    f"{NOT_REACHED} target not reached, {OVERLOADED} timed while the load exceeded the cores; "
+    f"{NOT_REACHED} target not reached, {OVERLOADED} timed while other work loaded the machine "
+    f"(load above the cores + {OWN_LOAD_MARGIN}); "
     "low–high: slowest to fastest trial, for runs timed before intervals."
 )
 

@@ -6,6 +6,8 @@ numbers; no torch and no pandas, so the report and the GPU check can both import
 
 from __future__ import annotations
 
+from bwprune.generation.interference import overloaded
+
 SPEED_COLUMNS = (
     "batch", "method", "decode ms/step", "decode tok/s", "prefill ms", "e2e s", "speedup e2e",
     "speedup decode", "sparse steps", "bound (sparse step)", "ideal (bandwidth)",
@@ -75,7 +77,7 @@ def stream_line(c: dict) -> str:
 def precision_note(rows: list[dict]) -> str:
     """What the speedups' brackets mean, for a record whose rows carry `precision`
     (`bwprune.generation.timing.alternate_until`): the interval, the repeats per batch size,
-    whether the target was reached and whether other load exceeded the cores; "" for a record
+    whether the target was reached and whether other work loaded the machine; "" for a record
     timed before intervals (its brackets are min-max)."""
     stops = {r["batch_size"]: r["precision"] for r in rows if "precision" in r}
     if not stops:
@@ -83,8 +85,9 @@ def precision_note(rows: list[dict]) -> str:
     first = next(iter(stops.values()))
     parts = []
     for batch, p in stops.items():
+        shared = overloaded(p["interference"]["load"], p["interference"]["cores"])
         flags = ("" if p["reached"] else ", target not reached") + (
-            ", load above the cores" if p["interference"]["overloaded"] else ""
+            ", load above the cores" if shared else ""
         )
         parts.append(f"batch {batch}: {p['pairs']} repeats{flags}")
     return (

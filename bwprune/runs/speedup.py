@@ -22,6 +22,8 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 
+from bwprune.generation.interference import overloaded
+
 SIDES = ("prefill_s", "decode_s")  # a trial's time end to end
 
 
@@ -147,7 +149,9 @@ def _precision(summary: Mapping, batches: list[Mapping], confidence: float) -> d
         "stopped": [b["stopped"] for b in batches],
         "load_max": max(loads, default=None),
         "steal_max": max(steals, default=None),
-        "overloaded": any(b["interference"]["overloaded"] for b in batches),
+        "overloaded": any(
+            overloaded(b["interference"]["load"], b["interference"]["cores"]) for b in batches
+        ),
     }
 
 
