@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-fast lint format tables figures traces serve load-sweep bench rescore view clean
+.PHONY: help install run test test-fast lint format tables figures traces serve load-sweep bench retime rescore view clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -56,6 +56,9 @@ load-sweep: $(STAMP)  ## load tests: served methods x request rates (conf/serve.
 
 bench: $(STAMP)  ## decode speed, methods alternated in one process -> results/speed/ (ARGS=overrides)
 	$(PY) scripts/bench_speed.py $(ARGS)
+
+retime: $(STAMP)  ## re-time every run under results/runs still without a speedup interval (first batch; resumable)
+	$(PY) scripts/measure_speedup.py --without-interval results/runs speed.batches=1 $(ARGS)
 
 rescore: $(STAMP)  ## re-score a run without a model: make rescore RUN=results/runs/...
 	$(PY) scripts/rescore.py $(RUN)

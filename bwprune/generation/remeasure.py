@@ -75,6 +75,17 @@ def remeasure(run_dir: str | Path, current: DictConfig) -> dict:
     return resummarize(recorder, cfg, {"speed_measured": measured})
 
 
+def runs_without_interval(root: str | Path) -> list[Path]:
+    """The complete runs under `root` whose speedup was timed before intervals (a min-max
+    alone), in path order: what is left to re-time with the procedure of today."""
+    found = []
+    for record in sorted(Path(root).glob("**/run.json")):
+        speedup = json.loads(record.read_text()).get("metrics", {}).get("speedup")
+        if speedup is not None and "interval" not in speedup:
+            found.append(record.parent)
+    return found
+
+
 def _relocated(recorded: DictConfig, current: DictConfig) -> DictConfig:
     """The run's config made runnable here: this checkout's `speed`, `paths` and engine keys
     (older runs lack them; none changes what is computed), data shipped in the package named in

@@ -16,7 +16,7 @@ from bwprune.errors import UserError
 from bwprune.experiment import run
 from bwprune.generation import paired as paired_module
 from bwprune.generation.paired import PairedSettings, PairedTiming
-from bwprune.generation.remeasure import remeasure
+from bwprune.generation.remeasure import remeasure, runs_without_interval
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.generation.timing import Precision
 from bwprune.methods.base import PruningMethod
@@ -188,6 +188,21 @@ def test_a_finished_run_gets_its_speedup_measured_after_the_fact(cfg_factory):
                                           "speed.max_repeats=6"))["metrics"]["speedup"]  # fmt: skip
     assert (again["batches"], again["repeats"], again["interval"]["pairs"]) == (1, 6, [6])
     assert "low" in again["step"]
+
+
+def test_the_runs_left_to_re_time_are_those_with_a_min_max_alone(tmp_path):
+    spread = {"median": 1.1, "min": 0.9, "max": 1.2}
+    records = {
+        "dense/a": {"metrics": {"n": 4}},
+        "ours/timed": {"metrics": {"speedup": {"step": spread, "interval": {"pairs": [6]}}}},
+        "ours/old": {"metrics": {"speedup": {"step": spread}}},
+        "teal/old": {"metrics": {"speedup": {"step": spread}}},
+    }
+    for key, record in records.items():
+        (tmp_path / key).mkdir(parents=True)
+        (tmp_path / key / "run.json").write_text(json.dumps(record))
+    (tmp_path / "teal" / "unfinished").mkdir()  # no run.json: nothing to time
+    assert runs_without_interval(tmp_path) == [tmp_path / "ours/old", tmp_path / "teal/old"]
 
 
 def test_bad_speed_settings_name_the_value(cfg_factory):
