@@ -13,17 +13,15 @@ from lm_eval._cli import HarnessCLI
 from lm_eval.utils import setup_logging
 
 import bwprune.lmeval  # noqa: F401  (registers the model name "bwprune")
-from bwprune.config import build_method
 from bwprune.errors import UserError
-from bwprune.lmeval.compose import compose_from_model_args
+from bwprune.lmeval.compose import compose_with_method
 
 
 def check_model_args(args: argparse.Namespace) -> None:
     """Our model's arguments composed and its method built (no model loads) as `BWPruneLM` will,
     so that a bad value fails at once rather than after lm-eval's task set-up."""
     if getattr(args, "model", None) == "bwprune":
-        cfg = compose_from_model_args(args.model_args or {}, getattr(args, "batch_size", None))
-        build_method(cfg.method)
+        compose_with_method(args.model_args or {}, getattr(args, "batch_size", None))
 
 
 def main() -> None:

@@ -13,13 +13,16 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.errors import HydraException
 from omegaconf import DictConfig
 
-from bwprune.config import compose_config, validate
+from bwprune.config import build_method, compose_config, validate
 from bwprune.errors import UserError
+
+if TYPE_CHECKING:  # the type only: composing imports no torch
+    from bwprune.methods.base import PruningMethod
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -85,3 +88,12 @@ def compose_from_model_args(
             "ρ on a benchmark's problems; pass the ρ it chose here (sparsity=<metrics.cost.rho>)"
         )
     return cfg
+
+
+def compose_with_method(
+    model_args: Mapping[str, Any], batch_size: int | str | None = None
+) -> tuple[DictConfig, PruningMethod]:
+    """`compose_from_model_args` and the method it names, built: bad method arguments fail here,
+    before any model loads (the CLI calls it before lm-eval sets up its tasks, the model again)."""
+    cfg = compose_from_model_args(model_args, batch_size)
+    return cfg, build_method(cfg.method)

@@ -40,7 +40,6 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simpl
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from bwprune.config import build_method
 from bwprune.engine.protocol import MethodDriver
 from bwprune.engine.realized import combine
 from bwprune.errors import UserError
@@ -48,7 +47,7 @@ from bwprune.generation.prepared import prepare_model
 from bwprune.generation.prompts import left_pad, render_messages
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.generation.scoring_forward import score_forward
-from bwprune.lmeval.compose import compose_from_model_args
+from bwprune.lmeval.compose import compose_with_method
 from bwprune.runs.identity import method_name
 from bwprune.runs.provenance import provenance
 
@@ -70,10 +69,7 @@ class BWPruneLM(TemplateLM):
         batch_size: int | str | None = None,
     ) -> None:
         super().__init__()
-        self.cfg = compose_from_model_args(model_args or {}, batch_size)
-        method = build_method(
-            self.cfg.method
-        )  # bad method arguments fail here, before the model loads
+        self.cfg, method = compose_with_method(model_args or {}, batch_size)
         self.prepared = prepare_model(self.cfg, method)
         self.tokenizer = self.prepared.tokenizer
         self._device = self.prepared.device

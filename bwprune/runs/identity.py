@@ -40,6 +40,7 @@ LATE_OPTIONS = {
 # Method classes renamed after runs were recorded: a run's identity names the class as it was
 # recorded, so a rename re-keys nothing.
 RENAMED_TARGETS = {"bwprune.methods.ours.Ours": "bwprune.methods.ours.BWAP"}
+CURRENT_TARGETS = {old: new for new, old in RENAMED_TARGETS.items()}
 # Blocks that change nothing while their switch is null: out of a run's identity then, so adding
 # one re-keys no recorded run.
 SWITCHED_BLOCKS = {"cost": "target"}
@@ -47,7 +48,7 @@ SWITCHED_BLOCKS = {"cost": "target"}
 
 def current_target(target: str) -> str:
     """A recorded method class's name in this checkout (re-running an old run's config)."""
-    return {old: new for new, old in RENAMED_TARGETS.items()}.get(target, target)
+    return CURRENT_TARGETS.get(target, target)
 
 
 def method_name(cfg: DictConfig) -> str:
