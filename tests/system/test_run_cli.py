@@ -1,5 +1,5 @@
-"""run.py as a command: one-line errors with exit code 2, Ctrl-C that says how to resume, and a
-multirun sweep. Each test starts Python processes."""
+"""run.py as a command: one-line errors with exit code 2 (before torch loads, for bad values),
+Ctrl-C that says how to resume, and a multirun sweep. Each test starts Python processes."""
 
 import re
 import signal
@@ -17,14 +17,19 @@ from tests.conftest import QUICK_SPEED
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_cli_prints_one_line_for_bad_input(tmp_path):
-    out = subprocess.run(
-        [sys.executable, "run.py", "model=tiny_llama", "batch_size=0",
-         f"paths.results_dir={tmp_path}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+def test_a_bad_value_gets_one_line_before_torch_loads(tmp_path):
+    """run.py checks the values before it imports the model stack: a typo answers in a second."""
+    argv = ["run.py", "model=tiny_llama", "batch_size=0", f"paths.results_dir={tmp_path}"]
+    code = (
+        f"import runpy, sys\nsys.argv = {argv!r}\n"
+        "try:\n    runpy.run_path('run.py', run_name='__main__')\n"
+        "finally:\n    print('torch loaded' if 'torch' in sys.modules else 'no torch')\n"
     )  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
     assert out.returncode == 2
     assert out.stderr.strip() == "error: batch_size=0 must be >= 1"
+    assert out.stdout.splitlines()[-1] == "no torch"
 
 
 @pytest.mark.parametrize("results_dir", ["FILE", "null"])
