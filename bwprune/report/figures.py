@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, NullLocator
 
 from bwprune.report import pareto as pv
 from bwprune.report.cells import fullest
 from bwprune.report.stream import stream_pairs
 
 METHOD_ORDER = ("dense", "ours", "teal", "cats", "griffin", "wanda", "wanda_unstructured", "trisp")
+# Round ratios a log axis may label (`_ratio_axis`).
+RATIO_TICKS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.5, 1.7, 2.0,
+               2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0)  # fmt: skip
 
 
 def _methods(frame: pd.DataFrame) -> list[str]:
@@ -128,11 +134,36 @@ def pareto(runs: pd.DataFrame, y: str) -> Figure:
                    xlabel=pv.X_LABEL, ylabel=pv.METRICS[y])  # fmt: skip
             ax.title.set_fontsize(9)
             ax.grid(alpha=0.3)
+            if y in pv.RATIOS and ax.has_data():
+                _ratio_axis(ax)
     handles = {h.get_label(): h for ax in fig.axes for h in ax.get_lines()}
     if handles:
         order = [m for m in _methods(runs) if m in handles]
         fig.legend([handles[m] for m in order], order, loc="outside right upper", fontsize=8)
     return fig
+
+
+def _ratio_axis(ax: Axes, most: int = 8) -> None:
+    """A log y-axis for a ratio over dense. On a linear one, a method whose answers end after a
+    few tokens (unstructured Wanda: 5-9x to the answer at batch 1) flattens every other curve
+    into the band around 1 where the comparison is; on a log one each keeps its shape, and
+    faster and slower than dense are drawn alike. Labels are round ratios (`RATIO_TICKS`),
+    1 always among them, the others thinned outward from it to about `most` in all."""
+    ax.set_yscale("log")
+    low, high = ax.get_ylim()
+    gap = np.log(high / low) / most  # the least distance between two labels
+    ticks = [1.0]
+    above = [t for t in RATIO_TICKS if 1 < t <= high]
+    below = [t for t in reversed(RATIO_TICKS) if low <= t < 1]
+    for side in (above, below):
+        last = 1.0
+        for tick in side:
+            if abs(np.log(tick / last)) >= gap:
+                ticks.append(tick)
+                last = tick
+    ax.yaxis.set_major_locator(FixedLocator(sorted(ticks)))
+    ax.yaxis.set_major_formatter("{x:g}")
+    ax.yaxis.set_minor_locator(NullLocator())
 
 
 def stream_fidelity(runs: pd.DataFrame) -> Figure:

@@ -28,6 +28,8 @@ METRICS = {
 }
 # Dense's own value of a measure its runs do not carry: a speedup over dense is 1 for dense.
 DENSE = {"time_to_answer": 1.0}
+# Ratios over dense: drawn on a log axis, where 2x and 0.5x lie equally far from dense.
+RATIOS = ("time_to_answer",)
 # One panel (figure) or row group: an evaluation (problems, generation length) at a batch size.
 SETTING = ("benchmark", "model", "problems", "max_new_tokens", "batch_size")
 CURVE = (*SETTING, "method")

@@ -133,6 +133,21 @@ def test_the_figure_draws_a_curve_per_method_and_a_panel_per_batch_size(runs, tm
     fig.savefig(tmp_path / "pareto_kl.png")
 
 
+def test_a_ratio_over_dense_is_drawn_on_a_log_axis_labelled_with_round_ratios(runs):
+    """One method 8x faster to its answers must not flatten the others' curves near 1: the
+    time-to-answer panels are log, labelled at round ratios with 1 among them, not crowded."""
+    tta = runs["realized_params"] * 10 + runs["method"].map({"teal": 4.0}).fillna(0.8)
+    fig = figures.pareto(runs.assign(time_to_answer=tta.where(runs["method"] != "dense")),
+                         "time_to_answer")  # fmt: skip
+    for ax in fig.axes:
+        ticks = list(ax.get_yticks())
+        low, high = ax.get_ylim()
+        assert ax.get_yscale() == "log" and 1.0 in ticks and ticks == sorted(ticks)
+        assert 4 <= len([t for t in ticks if low <= t <= high]) <= 10, ticks
+        assert ax.yaxis.get_major_formatter()(2.0) == "2"  # a ratio, not 2×10⁰
+    assert figures.pareto(runs, "kl").axes[0].get_yscale() == "linear"
+
+
 def test_no_runs_with_the_measure_says_so(runs):
     fig = figures.pareto(runs.assign(kl=None), "kl")
     assert "no runs with kl" in fig.axes[0].texts[0].get_text()
