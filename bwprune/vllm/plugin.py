@@ -57,9 +57,13 @@ class BwpruneQwen2ForCausalLM(_Hosted, Qwen2ForCausalLM):
 
 
 def register() -> None:
-    """The `vllm.general_plugins` entry point: make the classes known to vLLM's registry."""
+    """The `vllm.general_plugins` entry point: make the classes known to vLLM's registry.
+
+    They are registered as classes, not as "module:Class" strings: this module is imported
+    already, and a string makes vLLM inspect each class in a fresh process (about 10 s here,
+    until its cache under VLLM_CACHE_ROOT holds it), to spare an import that has happened."""
     from vllm import ModelRegistry
 
-    for name in ARCHITECTURES.values():
-        if name not in ModelRegistry.get_supported_archs():
-            ModelRegistry.register_model(name, f"{__name__}:{name}")
+    for cls in (BwpruneLlamaForCausalLM, BwpruneQwen2ForCausalLM):
+        if cls.__name__ not in ModelRegistry.get_supported_archs():
+            ModelRegistry.register_model(cls.__name__, cls)

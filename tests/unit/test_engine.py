@@ -155,8 +155,12 @@ def test_one_model_compiled_under_several_methods_runs_each_methods_own_graph():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["dense", "ours", "teal", "cats"])
+@pytest.mark.parametrize("name", ["ours", "teal"])
 def test_inductor_compiled_step_generates_the_reference_tokens(name):
+    """Inductor's generated code (the GPU engine's backend) gives the eager tokens and sparsity.
+    Ours compiles both of its graphs (dense exploration steps, the sliced step) and TEAL its
+    threshold hooks with their accounting; every method's capture is checked above under the
+    `eager` backend, so dense and CATS are left out here (a cold compile costs ~8-18 s each)."""
     model, tok = tiny_model("tiny_qwen2")
     ref, _ = generate(model, tok, methods()[name], REFERENCE)
     out, _ = generate(model, tok, methods()[name], EngineConfig(compile=True, compaction=False))
