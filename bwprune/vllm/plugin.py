@@ -22,12 +22,6 @@ import torch
 from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 
-# HF architecture -> this plugin's class for it.
-ARCHITECTURES = {
-    "LlamaForCausalLM": "BwpruneLlamaForCausalLM",
-    "Qwen2ForCausalLM": "BwpruneQwen2ForCausalLM",
-}
-
 
 class _Hosted:
     """Mixin over a vLLM causal LM whose decoder layers have `mlp.gate_up_proj/down_proj`."""
@@ -56,6 +50,11 @@ class BwpruneQwen2ForCausalLM(_Hosted, Qwen2ForCausalLM):
     pass
 
 
+# HF architecture -> this plugin's class for it, and the name a run selects it by.
+_HOSTED = {"LlamaForCausalLM": BwpruneLlamaForCausalLM, "Qwen2ForCausalLM": BwpruneQwen2ForCausalLM}
+ARCHITECTURES = {arch: cls.__name__ for arch, cls in _HOSTED.items()}
+
+
 def register() -> None:
     """The `vllm.general_plugins` entry point: make the classes known to vLLM's registry.
 
@@ -64,6 +63,6 @@ def register() -> None:
     until its cache under VLLM_CACHE_ROOT holds it), to spare an import that has happened."""
     from vllm import ModelRegistry
 
-    for cls in (BwpruneLlamaForCausalLM, BwpruneQwen2ForCausalLM):
+    for cls in _HOSTED.values():
         if cls.__name__ not in ModelRegistry.get_supported_archs():
             ModelRegistry.register_model(cls.__name__, cls)
