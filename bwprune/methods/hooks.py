@@ -33,8 +33,8 @@ class HookSet:
         self._undo.append(handle.remove)
         return handle
 
-    def swap(self, parent: nn.Module, name: str, new: nn.Module) -> nn.Module:
-        """Replace `parent.<name>` by `new` until exit; returns the original module."""
+    def swap(self, parent: object, name: str, new: nn.Module) -> object:
+        """Replace `parent.<name>` by `new` until exit; returns the original."""
         old = getattr(parent, name)
         setattr(parent, name, new)
         self._undo.append(lambda: setattr(parent, name, old))

@@ -1,70 +1,131 @@
 """`SlicedMLP`: a gated MLP that runs real, smaller matmuls over a kept set of neurons (Eq. 4).
 
-Masking the output of a dense matmul saves nothing, so structured methods gather the kept rows of
-gate/up and the kept columns of down into contiguous buffers and multiply by those. The gather runs
-only when the kept index changes. With no index set, the module runs the original projections, so
-hooks on them (e.g. a pre-hook on `down_proj` that reads the FF activation Z) still fire.
+Masking the output of a dense matmul saves nothing, so structured methods keep the kept rows of
+gate/up and the kept columns of down in buffers of their own and multiply by those. The buffers
+are allocated once per capacity and a new kept set rewrites only the slots whose neuron changed
+(`bwprune.models.kept_slots`): a refresh costs the neurons that moved, not the whole set. With no
+index set, the module runs the original projections, so hooks on them (e.g. a pre-hook on
+`down_proj` that reads the FF activation Z) still fire.
 This module holds no policy: which neurons to keep is the method's business.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bwprune.models.kept_slots import KeptSlots, SlotWrites, gather_rows
 
-class SlicedMLP(nn.Module):
-    """Wraps an HF gated MLP (gate_proj, up_proj, down_proj, act_fn); same output when dense."""
 
-    def __init__(self, mlp: nn.Module) -> None:
+class SlotWeights(Protocol):
+    """Kept weights of a fixed number of slots, in some kernel's layout."""
+
+    def write(self, writes: SlotWrites) -> None: ...
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+class KeptWeights:
+    """A gated FFN's kept neurons as plain matrices, slot by slot: (2C, H) gate rows then up
+    rows, (H, C) down columns, C slots. Their addresses never change, so a compiled step (or a
+    CUDA graph) that reads them reads each refresh in place."""
+
+    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+                 biases: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
+                 glu: Callable[[torch.Tensor], torch.Tensor], slots: int) -> None:  # fmt: skip
+        """`gate`, `up`: (D_ff, H); `down`: (H, D_ff): the sources slots are written from;
+        `biases`: gate's, up's, down's; `glu`: (..., 2C) gate|up outputs -> (..., C)."""
+        self.sources, self.glu, self.slots = (gate, up, down), glu, slots
+        self.gate_bias, self.up_bias, self.down_bias = biases
+        self.gate_up = gate.new_zeros(2 * slots, gate.shape[1])
+        self.down = down.new_zeros(down.shape[0], slots)
+        self.gate_up_bias = None if self.gate_bias is None else gate.new_zeros(2 * slots)
+        for buffer in (self.gate_up, self.down, self.gate_up_bias):
+            if buffer is not None:  # a CUDA graph reads it in place rather than copying it in
+                torch._dynamo.mark_static_address(buffer, guard=False)
+
+    @torch.no_grad()
+    def write(self, writes: SlotWrites) -> None:
+        (gate, up, down), slots, neurons = self.sources, writes.slots, writes.neurons
+        self.gate_up.index_copy_(0, slots, gather_rows(gate, neurons))
+        self.gate_up.index_copy_(0, slots + self.slots, gather_rows(up, neurons))
+        self.down.index_copy_(1, slots, gather_rows(down, neurons, dim=1))
+        if self.gate_up_bias is not None:
+            self.gate_up_bias.index_copy_(0, slots, gather_rows(self.gate_bias, neurons))
+            self.gate_up_bias.index_copy_(0, slots + self.slots,
+                                          gather_rows(self.up_bias, neurons))  # fmt: skip
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = F.linear(x, self.gate_up, self.gate_up_bias)
+        return F.linear(self.glu(gate_up), self.down, self.down_bias)
+
+
+class KeptFFN(nn.Module):
+    """An FFN that computes a kept set when one is set, through slot weights a subclass builds;
+    dense otherwise (`dense`). Shared by the hosts, so each moves the same neurons."""
+
+    def __init__(self, d_ff: int, align: int = 1) -> None:
+        """`align`: slots come in multiples of it (a kernel's panel width)."""
         super().__init__()
-        self.mlp = mlp
-        self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
-        self.act_fn = mlp.act_fn
-        self.d_ff = mlp.gate_proj.out_features
+        self.d_ff = d_ff
         self.index: torch.Tensor | None = None
-        self._gate_up: torch.Tensor | None = None  # (2k, D): kept gate rows, then kept up rows
-        self._gate_up_bias: torch.Tensor | None = None
-        self._down: torch.Tensor | None = None  # (D, k): kept down columns
+        self.slots = KeptSlots(d_ff, align)
+        self.weights: SlotWeights | None = None
 
+    # -- a subclass -------------------------------------------------------------------------------
+    def slot_weights(self, slots: int) -> SlotWeights:
+        """Empty (zero) weights of `slots` slots."""
+        raise NotImplementedError
+
+    def dense(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    # -- the mechanism ----------------------------------------------------------------------------
     @property
     def kept(self) -> int:
         """Neurons computed on the next forward."""
         return self.d_ff if self.index is None else int(self.index.numel())
 
     @torch.no_grad()
-    def set_index(self, index: torch.Tensor | None) -> None:
-        """Keep the neurons in `index` (1-D, any order) from now on; `None` runs dense.
-
-        The gathers write into buffers allocated once per kept size: a mask refresh copies
-        weights but allocates nothing (fresh allocations cost more than the copy on CPU).
-        """
-        if index is None:
-            self.index = None
-            return
-        if (
-            self.index is not None
-            and self.index.shape == index.shape
-            and torch.equal(self.index, index)
-        ):
-            return  # same neurons: keep the gathered buffers
-        g, u, d = self.gate_proj, self.up_proj, self.down_proj
-        k = index.numel()
-        if self._down is None or self._down.shape[1] != k:
-            self._gate_up = g.weight.new_empty(2 * k, g.in_features)
-            self._down = d.weight.new_empty(d.out_features, k)
-            self._gate_up_bias = g.bias.new_empty(2 * k) if g.bias is not None else None
-        torch.index_select(g.weight, 0, index, out=self._gate_up[:k])
-        torch.index_select(u.weight, 0, index, out=self._gate_up[k:])
-        torch.index_select(d.weight, 1, index, out=self._down)
-        if self._gate_up_bias is not None:
-            torch.index_select(g.bias, 0, index, out=self._gate_up_bias[:k])
-            torch.index_select(u.bias, 0, index, out=self._gate_up_bias[k:])
+    def set_index(self, index: torch.Tensor | None) -> SlotWrites | None:
+        """Keep the neurons in `index` (1-D, distinct, any order) from now on; `None` runs dense.
+        The slots whose neuron changed are rewritten (all of them for a new capacity); the
+        writes are returned (None: nothing moved)."""
+        if index is None or (self.index is not None and torch.equal(self.index, index)):
+            self.index = index
+            return None
+        writes = self.slots.assign(index)
+        if writes.refill:
+            self.weights = self.slot_weights(self.slots.capacity)
+        self.weights.write(writes)
         self.index = index
+        return writes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.index is None:
-            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = F.linear(x, self._gate_up, self._gate_up_bias).chunk(2, dim=-1)
-        return F.linear(self.act_fn(gate) * up, self._down, self.down_proj.bias)
+        return self.dense(x) if self.index is None else self.weights(x)
+
+
+class SlicedMLP(KeptFFN):
+    """Wraps an HF gated MLP (gate_proj, up_proj, down_proj, act_fn); same output when dense."""
+
+    def __init__(self, mlp: nn.Module) -> None:
+        super().__init__(mlp.gate_proj.out_features)
+        self.mlp = mlp
+        self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+        self.act_fn = mlp.act_fn
+
+    def slot_weights(self, slots: int) -> KeptWeights:
+        g, u, d = self.gate_proj, self.up_proj, self.down_proj
+        return KeptWeights(g.weight, u.weight, d.weight, (g.bias, u.bias, d.bias), self._glu,
+                           slots)  # fmt: skip
+
+    def _glu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.act_fn(gate) * up
+
+    def dense(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))

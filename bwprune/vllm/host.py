@@ -17,7 +17,10 @@ from torch import nn
 
 from bwprune.errors import UserError
 from bwprune.methods.base import PruningMethod, StepContext, Tokens
-from bwprune.methods.host import FFNSlot, Host, Site
+from bwprune.methods.host import FFNSlot, Host, Site, decides_per_forward
+from bwprune.methods.neuron_set import NeuronSetMethod
+from bwprune.models.sliced_mlp import KeptFFN, KeptWeights, SlotWeights
+from bwprune.vllm import packed
 
 
 def _first(value):
@@ -28,49 +31,45 @@ def _with_first(value, x: torch.Tensor):
     return (x, *value[1:]) if isinstance(value, tuple) else x
 
 
-def _linear(weight: torch.Tensor, bias: torch.Tensor | None):
-    """x -> x @ weight.T + bias, through the matmul vLLM's CPU build uses for its own linear
-    layers (oneDNN, weights packed once) when there is one: plain `F.linear` on sliced weights
-    ran slower than vLLM's packed dense layers."""
-    if weight.device.type == "cpu":
-        from vllm import _custom_ops as ops
-
-        if ops._supports_onednn:
-            handler = ops.create_onednn_mm(weight.t(), 32)
-            return lambda x: ops.onednn_mm(handler, x, bias)
-    return lambda x: F.linear(x, weight, bias)
-
-
-class SlicedMLP(nn.Module):
+class SlicedMLP(KeptFFN):
     """A vLLM gated MLP (gate_up_proj, act_fn, down_proj) computing only the neurons of an
-    index: the kept gate and up rows and down columns gathered (and packed) once per index."""
+    index, over slot weights changed in place: packed for vLLM's CPU MoE kernel where it runs
+    (`bwprune.vllm.packed`), plain matrices otherwise (a GPU: in-place index copies)."""
 
     def __init__(self, mlp: nn.Module, gate_up: torch.Tensor, down: torch.Tensor) -> None:
-        super().__init__()
+        d_ff = down.shape[1]
+        gate_up_bias = getattr(mlp.gate_up_proj, "bias", None)
+        down_bias = getattr(mlp.down_proj, "bias", None)
+        biased = gate_up_bias is not None or down_bias is not None
+        in_kernel = packed.supported(down.shape[0], down.dtype, down.device, biased)
+        super().__init__(d_ff, packed.ALIGN if in_kernel else 1)
+        self.packed, self.down_bias = in_kernel, down_bias
         self.mlp, self.act_fn = mlp, mlp.act_fn
-        self.gate_up_weight, self.down_weight = gate_up, down  # (2 D_ff, H), (H, D_ff)
-        self.gate_up_bias = getattr(mlp.gate_up_proj, "bias", None)
-        self.down_bias = getattr(mlp.down_proj, "bias", None)
-        self.d_ff = down.shape[1]
-        self.index: torch.Tensor | None = None
+        self.gate, self.up, self.down = gate_up[:d_ff], gate_up[d_ff:], down  # (D_ff, H), (H, D_ff)
+        self.gate_bias, self.up_bias = (None, None) if gate_up_bias is None else \
+            (gate_up_bias[:d_ff], gate_up_bias[d_ff:])  # fmt: skip
 
-    @torch.no_grad()
-    def set_index(self, index: torch.Tensor | None) -> None:
-        """Keep the neurons in `index` (1-D) from now on; None runs dense (vLLM's own MLP)."""
-        if index is not None and self.index is not None and torch.equal(self.index, index):
-            return
-        self.index = index
-        if index is None:
-            return
-        rows = torch.cat([index, index + self.d_ff])
-        gate_up_bias = None if self.gate_up_bias is None else self.gate_up_bias[rows]
-        self._gate_up = _linear(self.gate_up_weight[rows].contiguous(), gate_up_bias)
-        self._down = _linear(self.down_weight[:, index].contiguous(), self.down_bias)
+    def slot_weights(self, slots: int) -> SlotWeights:
+        if self.packed and packed.fits(self.down.shape[0], slots):
+            return packed.PackedKeptWeights(self.gate, self.up, self.down, slots)
+        return KeptWeights(self.gate, self.up, self.down,
+                           (self.gate_bias, self.up_bias, self.down_bias), self.act_fn,
+                           slots)  # fmt: skip
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.index is None:
-            return self.mlp(x)
-        return self._down(self.act_fn(self._gate_up(x)))
+    def dense(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp.dense(x)
+
+
+FFN_SITES = frozenset({"gate_act", "mlp_mid"})  # hidden states inside the FFN's op
+
+
+def compilable(method: PruningMethod) -> bool:
+    """Whether `method` runs right in a compiled vLLM: its glue (kept sets, observers on the
+    down projection, masks of FFN-internal states) lives inside the FFN's opaque op
+    (`bwprune.vllm.ffn_route`), which runs eagerly at every forward."""
+    if not decides_per_forward(method) or isinstance(method, NeuronSetMethod):
+        return True
+    return set(method.sites) <= FFN_SITES
 
 
 class VLLMHost(Host):
@@ -83,11 +82,12 @@ class VLLMHost(Host):
         self._order: torch.Tensor | None = None  # vLLM's index of each token; None: the same
 
     def attach(self, model: nn.Module, adapter=None):
-        if self.glued and self.compiled:
+        if self.compiled and not compilable(self.method):
             # vLLM compiles the decoder without guards: a Python branch inside it is frozen at
-            # warm-up, so the glue would run once and every forward after it silently dense.
+            # warm-up, so glue outside the FFN's op would run once and never after.
             raise UserError(
-                f"{type(self.method).__name__} decides inside every forward, which vLLM's "
+                f"{type(self.method).__name__} masks hidden states outside the FFN "
+                f"({', '.join(sorted(set(self.method.sites) - FFN_SITES))}), which vLLM's "
                 "compiled model would freeze at warm-up; run it with enforce_eager"
             )
         if self.glued and not hasattr(model, "bwprune_session"):
@@ -122,7 +122,7 @@ class VLLMHost(Host):
         if [s.mlp for s in self.sliced] != [layer.mlp for layer in layers]:
             self.sliced = [SlicedMLP(layer.mlp, *w) for layer, w in
                            zip(layers, self.mlp_weights(model))]  # fmt: skip
-        return [FFNSlot(layer, "mlp", layer.mlp.down_proj, s)
+        return [FFNSlot(layer.mlp.bwprune_route, "impl", layer.mlp.down_proj, s)
                 for layer, s in zip(layers, self.sliced)]  # fmt: skip
 
     def site(self, model: nn.Module, adapter, layer: int, name: str) -> Site:

@@ -8,9 +8,11 @@ are vLLM's own Llama and Qwen2 models with two additions:
   weights for oneDNN and empties `.weight`, and a kept neuron set needs rows of the original
   (`bwprune.vllm.host.SlicedMLP` gathers from them);
 - every forward goes through `bwprune_session` when one is bound (`bwprune.vllm.session`): it
-  reads which requests and tokens the forward runs, and drives the method around it.
+  reads which requests and tokens the forward runs, and drives the method around it;
+- each layer's MLP runs through its route (`bwprune.vllm.ffn_route`), an opaque op while vLLM
+  compiles, so a host can change what it computes after the decoder was compiled.
 
-With no session bound a forward is vLLM's, unchanged.
+With no session bound and no host attached a forward computes what vLLM's own does.
 """
 
 from __future__ import annotations
@@ -22,11 +24,18 @@ import torch
 from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 
+from bwprune.vllm.ffn_route import route
+
 
 class _Hosted:
     """Mixin over a vLLM causal LM whose decoder layers have `mlp.gate_up_proj/down_proj`."""
 
     bwprune_session = None  # bwprune.vllm.session.Session while a method runs
+
+    def __init__(self, *, vllm_config, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        for layer in self.model.layers:  # before vLLM first traces the decoder
+            route(layer.mlp)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         loaded = super().load_weights(weights)

@@ -9,11 +9,13 @@ method, prepared on the HF model, is bound to vLLM's model directly (`bwprune.vl
 Prompts go in as token ids and completions come back as ids, decoded by the run's tokenizer, so
 both backends see and score the same text.
 
-What each method does here (docs/vllm.md): a method that decides inside forwards runs with
-`enforce_eager` (vLLM's compiled model would freeze its decisions at warm-up) and without prefix
-caching (a cached prompt is never recomputed, so its activations would never be scored, and KV
-computed under one request's pruned FFN could be reused by another); a static method's pruned
-weights are exported and loaded; a method whose pruned model vLLM cannot load is refused.
+What each method does here (docs/vllm.md): a method that decides inside forwards runs without
+prefix caching (a cached prompt is never recomputed, so its activations would never be scored,
+and KV computed under one request's pruned FFN could be reused by another), compiled when asked
+if its glue lives inside the FFN's opaque op (`bwprune.vllm.ffn_route`; kept sets, FFN-internal
+masks), else with `enforce_eager` (vLLM's compiled model would freeze its decisions at warm-up);
+a static method's pruned weights are exported and loaded; a method whose pruned model vLLM
+cannot load is refused.
 """
 
 from __future__ import annotations
@@ -43,10 +45,10 @@ from bwprune.generation.prompts import batch_prompts
 from bwprune.generation.runner import BatchedRunner, BatchTiming, Completion
 from bwprune.generation.timing import Precision, alternate_until
 from bwprune.methods.base import PruningMethod
-from bwprune.methods.host import decides_per_forward
 from bwprune.models.loading import load_model
 from bwprune.runs.speedup import timed_ratios
-from bwprune.vllm.host import VLLMHost
+from bwprune.vllm.ffn_route import SPLITTING_OP
+from bwprune.vllm.host import VLLMHost, compilable
 from bwprune.vllm.session import Session, StreamSession
 
 UNMIXED = "bwprune.vllm.scheduler.UnmixedScheduler"  # imported by vLLM, never before it
@@ -73,6 +75,21 @@ class VLLMSettings:
             raise choices_error("generation.vllm.compile", v.compile, COMPILE)
         length = None if v.max_model_len is None else int(v.max_model_len)
         return cls(str(v.compile).lower(), float(v.kv_cache_gib), length)
+
+
+def compilation_config(compiled: bool, glued: bool, device: torch.device) -> dict | None:
+    """vLLM's compilation settings: with CUDA graphs, a method's FFN op is a splitting op
+    besides the ones vLLM splits at by default (attention, KV-cache writes), and graphs are
+    piecewise only, so they are captured around the op, which runs eagerly in between (a full
+    graph would replay the FFN as it was captured); otherwise vLLM's defaults. Not yet run on
+    a GPU (none with vLLM has been lent to this project)."""
+    if not (compiled and glued and device.type == "cuda"):
+        return None
+    from vllm.config import CompilationConfig
+
+    splits = [*CompilationConfig._attention_ops, "vllm::unified_kv_cache_update",
+              "vllm::unified_mla_kv_cache_update", SPLITTING_OP]  # fmt: skip
+    return {"splitting_ops": splits, "cudagraph_mode": "PIECEWISE"}
 
 
 def export_model(model: torch.nn.Module, folder: Path) -> Path:
@@ -137,6 +154,7 @@ class VLLMRunner:
             max_num_batched_tokens=max(2048, slots * prompt_tokens, longest),
             kv_cache_memory_bytes=int(settings.kv_cache_gib * 2**30),
             hf_overrides={"architectures": [ARCHITECTURES[type(prepared.model).__name__]]},
+            compilation_config=compilation_config(self.compiled, self.host.glued, self.device),
         )  # fmt: skip
         log.info("vLLM engine ready in %.1f s (%s)", time.perf_counter() - started,
                  "compiled" if self.compiled else "eager")  # fmt: skip
@@ -158,14 +176,14 @@ class VLLMRunner:
                 shutil.rmtree(folder.parent, ignore_errors=True)
 
     def _compiled(self) -> bool:
-        """Compile when asked (auto: on CUDA), unless the method decides inside forwards: vLLM's
-        compiled model drops guards, so those decisions would be frozen at warm-up."""
+        """Compile when asked (auto: on CUDA), unless the method decides outside the FFN's op:
+        vLLM's compiled model drops guards, so those decisions would be frozen at warm-up."""
         wanted = self.settings.compile == "true" or (
             self.settings.compile == "auto" and self.device.type == "cuda"
         )
-        if wanted and decides_per_forward(self.method):
-            log.warning("vLLM: %s decides inside every forward, which vLLM's compiled model "
-                        "would freeze at warm-up (silently dense): running it eager",
+        if wanted and not compilable(self.method):
+            log.warning("vLLM: %s masks hidden states outside the FFN, which vLLM's compiled "
+                        "model would freeze at warm-up (silently dense): running it eager",
                         type(self.method).__name__)  # fmt: skip
             return False
         return wanted
@@ -205,7 +223,8 @@ class VLLMRunner:
                                                   sparsity[out.request_id]))  # fmt: skip
         prefill_s, step_s = session.times()
         decode_tokens = sum(r["decode_steps"] for r in sparsity.values())
-        return completions, BatchTiming(prefill_s, sum(step_s), decode_tokens, step_s)
+        return completions, BatchTiming(prefill_s, sum(step_s), decode_tokens, step_s,
+                                        driver.host.log.summary(step_s))  # fmt: skip
 
     def sampling_params(self, max_tokens: int, stop: list[int]):
         """The run's sampling for one request: at most `max_tokens`, ending at a token of `stop`

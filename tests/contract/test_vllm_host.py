@@ -32,14 +32,16 @@ PROMPTS = [[5 + 7 * i + 3 * j for j in range(4 + 3 * i)] for i in range(4)]  # 4
 class Engine:
     """A tiny model, its HF runner and one vLLM engine on the same weights."""
 
-    def __init__(self, family: str, calibration: list[str], method: str = "ours") -> None:
-        """`method`: the one the engine is built for (the default decides per forward: eager,
-        no prefix caching); others are bound to it per generation (`run_vllm`)."""
+    def __init__(self, family: str, calibration: list[str], method: str = "ours",
+                 *engine: str) -> None:  # fmt: skip
+        """`method`: the one the engine is built for (the default decides per forward: no
+        prefix caching); others are bound to it per generation (`run_vllm`). `engine`: more
+        overrides for how vLLM runs (`generation.vllm.compile=true`)."""
         from bwprune.vllm.runner import VLLMRunner
 
         self.overrides = [f"model={family}", *WIDE, *calibration,
                           f"generation.max_new_tokens={STEPS}", "batch_size=4"]  # fmt: skip
-        cfg = compose_cfg([*self.overrides, f"method={method}"])
+        cfg = compose_cfg([*self.overrides, f"method={method}", *engine])
         cfg.model.device = "cpu"
         self.cfg = cfg
         self.model, self.tok = load_model(cfg.model, cfg.paths.cache_dir)
@@ -231,23 +233,42 @@ def test_static_pruning_runs_its_pruned_weights(calibration):
     assert all(same_ledger(a, b) for a, b in zip(rows, hf_rows)) and rows[0]["params"] > 0
 
 
-def test_a_compiled_request_still_prunes(engine):
-    """Compiled vLLM would freeze a per-forward decision at warm-up (silently dense while the
-    ledger counts sparse steps): a method that decides per forward runs eager instead, and
-    its tokens differ from dense's while its ledger says it pruned."""
-    from bwprune.vllm.host import VLLMHost
+def test_a_method_masking_outside_the_ffn_stays_eager(engine):
+    """Compiled vLLM would freeze TEAL's masks of attention inputs and outputs at warm-up
+    (silently dense while the ledger counts sparse steps): the host refuses it, and a run that
+    asks to compile it runs eager instead."""
+    from bwprune.vllm.host import VLLMHost, compilable
 
-    method = engine.method("ours")
-    with pytest.raises(UserError, match="enforce_eager"):
-        VLLMHost(method, compiled=True).attach(engine.vllm.model)
-    cfg = compose_cfg([*engine.overrides, "method=ours", "generation.vllm.compile=true"])
-    from bwprune.vllm.runner import VLLMSettings
+    teal = engine.method("teal")
+    assert not compilable(teal)
+    with pytest.raises(UserError, match="attn_in.*enforce_eager"):
+        VLLMHost(teal, compiled=True).attach(engine.vllm.model)
+    assert all(compilable(engine.method(name)) for name in ("dense", "ours", "griffin", "cats"))
 
-    assert VLLMSettings.from_config(cfg.generation).compile == "true"
-    assert engine.vllm.compiled is False
-    dense_tokens, _, _ = engine.run_vllm(engine.method("dense"))
-    tokens, rows, _ = engine.run_vllm(method)
+
+@pytest.fixture(scope="module")
+def compiled(calibration) -> Engine:
+    return Engine("tiny_llama", calibration, "ours", "generation.vllm.compile=true")
+
+
+@pytest.mark.parametrize("name", ["ours", "griffin", "cats"])
+def test_compiled_vllm_keeps_the_methods_decisions(compiled, calibration, name):
+    """The FFN is an opaque op of the compiled decoder (`bwprune.vllm.ffn_route`): a kept set
+    chosen after warm-up, an observed exploration window, CATS's gate masks — each forward runs
+    them as the eager engine does, so the tokens, decisions and ledger are the HF host's."""
+    assert compiled.vllm.compiled
+    method = compiled.method(name)
+    compiled.stop_mid_way(method)
+    hf_tokens, hf_rows, hf_seen = compiled.run_hf(method)
+    tokens, rows, seen = compiled.run_vllm(method)
+    assert tokens == hf_tokens
+    assert all(same_ledger(a, b) for a, b in zip(rows, hf_rows)), (rows, hf_rows)
     assert any(r["sparse_steps"] for r in rows)
+    for (_, step, kept), (_, _, hf_kept) in zip(seen, hf_seen, strict=True):
+        if kept is not None:
+            same = [(k is None and h is None) or torch.equal(k, h) for k, h in zip(kept, hf_kept)]
+            assert all(same), f"kept sets differ at step {step}"
+    dense_tokens, _, _ = compiled.run_vllm(compiled.method("dense"))
     assert tokens != dense_tokens
 
 

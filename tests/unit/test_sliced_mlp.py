@@ -36,20 +36,29 @@ def test_keep_all_and_no_index_equal_dense(tiny):
     torch.testing.assert_close(sliced(x), mlp(x), atol=1e-5, rtol=1e-5)
 
 
-def test_gathers_only_when_the_index_changes(tiny):
+def test_a_refresh_writes_only_the_neurons_that_changed(tiny):
+    """A new kept set of the same size moves only the neurons that entered, into the slots of
+    those that left, in buffers that never move; the output is the new set's."""
     model, _ = tiny
-    sliced = SlicedMLP(adapter_for(model).ffn(0).mlp)
-    sliced.set_index(torch.arange(10))
-    buffer = sliced._gate_up
-    buffer[0, 0] = 123.0  # a re-gather would overwrite this
-    sliced.set_index(torch.arange(10))
-    assert sliced._gate_up[0, 0] == 123.0
-    sliced.set_index(torch.arange(1, 11))  # same size: same buffer, new content
-    assert sliced._gate_up is buffer and sliced._gate_up[0, 0] != 123.0
-    sliced.set_index(torch.arange(12))  # new size: new buffer
-    assert sliced._gate_up.shape[0] == 24
+    mlp = adapter_for(model).ffn(0).mlp
+    sliced = SlicedMLP(mlp)
+    x = torch.randn(2, 3, model.config.hidden_size)
+    first = torch.randperm(sliced.d_ff)[:40]
+    assert sliced.set_index(first).refill
+    buffers = [sliced.weights.gate_up.data_ptr(), sliced.weights.down.data_ptr()]
+    reordered = sliced.set_index(first.flip(0))  # the same set in another order
+    assert reordered is not None and len(reordered) == 0
+    second = torch.cat([first[:30], torch.tensor(sorted(set(range(sliced.d_ff)) - set(
+        first.tolist())))[:10]])  # fmt: skip
+    writes = sliced.set_index(second)
+    assert not writes.refill and len(writes) == writes.entered == 10
+    assert set(sliced.slots.slots.tolist()) == set(second.tolist())
+    assert [sliced.weights.gate_up.data_ptr(), sliced.weights.down.data_ptr()] == buffers
+    torch.testing.assert_close(sliced(x), masked_reference(mlp, x, second), atol=1e-5, rtol=1e-5)
     sliced.set_index(None)
-    assert sliced.kept == sliced.d_ff
+    assert sliced.kept == sliced.d_ff and torch.equal(sliced(x), mlp(x))
+    sliced.set_index(torch.arange(12))  # another size: buffers of its own
+    assert sliced.weights.gate_up.shape[0] == 24
 
 
 def test_hookset_restores_model_on_error(tiny):

@@ -1,0 +1,96 @@
+"""Kept neurons in fixed slots: a new kept set moves only the neurons that changed.
+
+A structured method's FFN runs over buffers that hold its kept neurons (gate and up rows, down
+columns), one neuron per *slot*. Consecutive kept sets mostly agree (docs/engine.md measures by
+how much), and the FFN's output does not depend on the order of its neurons, so a refresh need
+not re-gather the whole set: each neuron that entered is written into the slot of one that left,
+and every other slot stays as it is (LLM in a Flash's DRAM buffer, paper §3.3). `KeptSlots` is
+that bookkeeping alone — which neuron each slot holds — so every host and every weight layout
+(plain rows here, a kernel's packed panels in `bwprune.vllm.packed`) moves the same neurons.
+
+Capacity is the kept count rounded up to `align` (a kernel's panel width); a slot that holds no
+neuron holds zero weights and adds exactly nothing. A kept count of another capacity (a
+threshold method's, which moves with the batch) refills every slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+EMPTY = -1  # the neuron of a slot that holds none (its weights are zero)
+
+
+@dataclass(frozen=True)
+class SlotWrites:
+    """What a host writes: slot `slots[i]` now holds neuron `neurons[i]` (`EMPTY`: zeros)."""
+
+    slots: torch.Tensor  # (W,) long
+    neurons: torch.Tensor  # (W,) long
+    entered: int  # neurons that were not kept before (all of them on a refill)
+    refill: bool  # every slot written: a new capacity, or the first kept set
+
+    def __len__(self) -> int:
+        return int(self.slots.numel())
+
+
+def capacity(kept: int, align: int) -> int:
+    """Slots for `kept` neurons: rounded up to a multiple of `align`."""
+    return -(-kept // align) * align
+
+
+class KeptSlots:
+    """Which neuron each of a fixed number of slots holds, for one FFN of `d_ff` neurons."""
+
+    def __init__(self, d_ff: int, align: int = 1) -> None:
+        self.d_ff, self.align = d_ff, align
+        self.slots: torch.Tensor | None = None  # (capacity,) neuron per slot, EMPTY for none
+        self._resident: torch.Tensor | None = None  # (d_ff,) bool: held by some slot
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.slots is None else int(self.slots.numel())
+
+    def assign(self, index: torch.Tensor) -> SlotWrites:
+        """Hold exactly the neurons of `index` (1-D, distinct) from now on; the slots to write.
+
+        Entering neurons take the slots of leaving ones first, then empty slots; a leaving
+        neuron whose slot no entering one takes leaves it empty."""
+        kept = int(index.numel())
+        if self.slots is None or capacity(kept, self.align) != self.capacity:
+            return self._refill(index)
+        wanted = torch.zeros(self.d_ff, dtype=torch.bool, device=index.device)
+        wanted[index] = True
+        held = self.slots >= 0
+        leaving = (held & ~wanted[self.slots.clamp_min(0)]).nonzero().flatten()
+        entering = index[~self._resident[index]]
+        targets = torch.cat([leaving, (~held).nonzero().flatten()])
+        slots = targets[: max(len(entering), len(leaving))]
+        neurons = torch.full_like(slots, EMPTY)
+        neurons[: len(entering)] = entering
+        self._resident[self.slots[leaving]] = False
+        self._resident[entering] = True
+        self.slots[slots] = neurons
+        return SlotWrites(slots, neurons, len(entering), refill=False)
+
+    def _refill(self, index: torch.Tensor) -> SlotWrites:
+        slots = torch.full((capacity(int(index.numel()), self.align),), EMPTY,
+                           dtype=torch.long, device=index.device)  # fmt: skip
+        slots[: index.numel()] = index
+        self.slots = slots
+        self._resident = torch.zeros(self.d_ff, dtype=torch.bool, device=index.device)
+        self._resident[index] = True
+        every = torch.arange(len(slots), device=index.device)
+        return SlotWrites(every, slots.clone(), int(index.numel()), refill=True)
+
+
+def gather_rows(weight: torch.Tensor, neurons: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """`weight`'s rows (dim 0) or columns (dim 1) of `neurons`, zeros for `EMPTY`."""
+    picked = weight.index_select(dim, neurons.clamp_min(0))
+    empty = neurons < 0
+    if bool(empty.any()):
+        shape = [1, 1]
+        shape[dim] = -1
+        picked = picked.masked_fill(empty.view(shape), 0)
+    return picked

@@ -1,0 +1,107 @@
+"""Kept neurons inside vLLM's CPU MoE kernel: packed once, changed in place, slot by slot.
+
+vLLM's CPU build multiplies its dense layers through oneDNN on weights packed into an opaque
+format, so a kept set gathered into plain matrices either re-packs on every change (a refresh of
+SmolLM2's 30 layers cost about 1.6 dense decode steps at batch 16) or multiplies unpacked (plain
+GEMM here ran the sliced FFN 1.5-2x slower than packed). vLLM's CPU fused-MoE kernel instead
+packs into an ordinary tensor of panels — `[rows / P, cols, P]`, P output rows side by side — and
+takes the FFN's whole gate|up, SiLU-and-mul, down chain in one call. A kept set is one "expert"
+of C slots: gate rows then up rows (2C, H) and down columns (H, C), every token routed to it
+with weight 1. Knowing the panel layout, a refresh writes each changed slot's H values straight
+into their packed places (`PackedKeptWeights.write`): no re-pack, no allocation.
+
+The layout is not documented, so it is read off the kernel itself: row and column numbers packed
+as values show where each weight lands, and the panel formula is used only if it reproduces that
+exactly for the shape at hand (`panel_width`); otherwise, and where the kernel is missing or the
+sizes do not fit it, the host uses plain matrices (`bwprune.models.sliced_mlp.KeptWeights`).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+
+from bwprune.models.kept_slots import SlotWrites, gather_rows
+
+ISA = "vec"  # the kernel's portable x86/AVX code path (fp32)
+ALIGN = 32  # the kernel's output sizes (the hidden size and 2C) must be multiples of this
+PANELS = (16, 8, 32, 64)  # panel widths tried against the kernel's layout, likeliest first
+
+
+def _ops():
+    from vllm import _custom_ops as ops
+
+    return ops
+
+
+def supported(hidden: int, dtype: torch.dtype, device: torch.device, biased: bool) -> bool:
+    """Whether an FFN of this kind can run its kept set through the packed kernel (at a
+    capacity that `fits`)."""
+    if device.type != "cpu" or dtype != torch.float32 or biased or hidden % ALIGN:
+        return False
+    return hasattr(_ops(), "cpu_fused_moe") and hasattr(torch.ops._C, "cpu_fused_moe")
+
+
+def fits(hidden: int, slots: int) -> bool:
+    """Whether the panel layout of both packed weights is known at `slots` slots."""
+    return panel_width(2 * slots, hidden) is not None and panel_width(hidden, slots) is not None
+
+
+@cache
+def panel_width(rows: int, cols: int) -> int | None:
+    """P such that the kernel packs a (1, rows, cols) fp32 weight's (r, c) at flat position
+    (r // P)·cols·P + c·P + r % P, checked on every element; None if no P in `PANELS` does."""
+    pack = _ops().cpu_prepack_moe_weight
+    r = torch.arange(rows, dtype=torch.float32)[:, None].expand(rows, cols)
+    c = torch.arange(cols, dtype=torch.float32)[None, :].expand(rows, cols)
+    packed_r = pack(r[None].contiguous(), ISA).flatten().long()
+    packed_c = pack(c[None].contiguous(), ISA).flatten().long()
+    where = torch.arange(rows * cols)
+    for p in PANELS:
+        if rows % p == 0 and torch.equal(_positions(packed_r, packed_c, cols, p), where):
+            return p
+    return None
+
+
+def _positions(r: torch.Tensor, c: torch.Tensor, cols: int, p: int) -> torch.Tensor:
+    """Flat packed positions of elements (r, c) of a (rows, cols) weight in panels of `p`."""
+    return (r // p) * cols * p + c * p + r % p
+
+
+class PackedKeptWeights:
+    """C slots of a gated FFN in the kernel's packed layout, written slot by slot."""
+
+    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+                 slots: int) -> None:  # fmt: skip
+        """`gate`, `up`: (D_ff, H); `down`: (H, D_ff): the sources slots are written from."""
+        hidden = gate.shape[1]
+        self.sources, self.slots, self.hidden = (gate, up, down), slots, hidden
+        self.w13 = gate.new_zeros(1, 2 * slots, hidden)  # zeros pack to zeros in any layout
+        self.w2 = down.new_zeros(1, hidden, slots)
+        self.p13, self.p2 = panel_width(2 * slots, hidden), panel_width(hidden, slots)
+        self._columns = torch.arange(hidden, device=gate.device)
+        self._routes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # tokens -> (w, ids)
+
+    @torch.no_grad()
+    def write(self, writes: SlotWrites) -> None:
+        (gate, up, down), h = self.sources, self._columns
+        rows = torch.cat([writes.slots, writes.slots + self.slots])  # gate rows, then up rows
+        values = torch.cat([gather_rows(gate, writes.neurons), gather_rows(up, writes.neurons)])
+        at = _positions(rows[:, None], h[None, :], self.hidden, self.p13)  # (2W, H)
+        self.w13.view(-1).index_copy_(0, at.flatten(), values.flatten())
+        at = _positions(h[None, :], writes.slots[:, None], self.slots, self.p2)  # (W, H)
+        columns = gather_rows(down, writes.neurons, dim=1).t()  # (W, H)
+        self.w2.view(-1).index_copy_(0, at.flatten(), columns.flatten())
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """(T, H) -> (T, H): every token through the one expert, weight 1."""
+        tokens = x.shape[0]
+        if tokens not in self._routes:
+            self._routes[tokens] = (x.new_ones(tokens, 1),
+                                    torch.zeros(tokens, 1, dtype=torch.int32))  # fmt: skip
+        weight, expert = self._routes[tokens]
+        out = torch.empty_like(x)
+        _ops().cpu_fused_moe(out, x.contiguous(), self.w13, self.w2, None, None, weight, expert,
+                             "silu", ISA, False)  # fmt: skip
+        return out
