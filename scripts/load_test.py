@@ -7,7 +7,8 @@ results/serve/; `make tables` and `make figures` then give the latency-throughpu
 
 A method is a name in conf/method/, or 'name:override,...' in quotes (Hydra's list grammar):
     python scripts/load_test.py "serve.methods=[dense,'ours:method.memory_policy=max']"
-Recorded tests are skipped, so an interrupted sweep picks up where it stopped.
+Recorded tests are skipped, so an interrupted sweep (Ctrl-C, SIGTERM, SIGHUP: the server is
+stopped first) picks up where it stopped.
 """
 
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 from bwprune.config import compose_config
 from bwprune.errors import UserError
 from bwprune.vllm.load import load_test
+from bwprune.vllm.server import stopped_by_signals
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,6 +39,9 @@ def main(overrides: list[str]) -> None:
 
 if __name__ == "__main__":
     try:
-        main(sys.argv[1:])
+        with stopped_by_signals():
+            main(sys.argv[1:])
     except UserError as e:
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt as e:
+        sys.exit(f"stopped ({e}): the complete records are kept; the same command runs the rest")

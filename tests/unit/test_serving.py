@@ -1,8 +1,11 @@
-"""Serving without a server: settings, what a load test's result becomes, the serving table."""
+"""Serving without vLLM: settings, keys, the port and the server's identity, what a load test's
+result becomes, the serving table."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -10,8 +13,9 @@ import pytest
 from bwprune.errors import UserError
 from bwprune.report.serving import load_records, serving_frame
 from bwprune.vllm.load import load_metrics, record_key, request_rows
-from bwprune.vllm.serve import ServeSettings
+from bwprune.vllm.server import ServeSettings, answers_as, refuse_taken, wait_ready
 from tests.conftest import compose_cfg
+from tests.system.standin_server import impostor
 
 
 def serve_cfg(*overrides: str):
@@ -23,10 +27,53 @@ def serve_cfg(*overrides: str):
         return compose("serve", overrides=["progress=false", *overrides])
 
 
-def test_the_server_listens_on_loopback_only():
-    assert ServeSettings.from_config(serve_cfg()).url == "http://127.0.0.1:8765"
-    with pytest.raises(UserError, match=r"serve.host='0.0.0.0'.*loopback.*127.0.0.1"):
-        ServeSettings.from_config(serve_cfg("serve.host=0.0.0.0"))
+def test_a_host_beyond_loopback_needs_an_api_key(monkeypatch):
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    settings = ServeSettings.from_config(serve_cfg())
+    assert settings.url == "http://127.0.0.1:8765" and settings.headers == {}
+    for host in ("0.0.0.0", "192.168.1.7", "gpu-node"):  # a name may resolve to anything
+        with pytest.raises(UserError, match=rf"serve.host='{host}'.*serve.api_key.*VLLM_API_KEY"):
+            ServeSettings.from_config(serve_cfg(f"serve.host={host}"))
+    for host in ("127.0.0.2", "localhost"):
+        assert ServeSettings.from_config(serve_cfg(f"serve.host={host}")).api_key is None
+    assert ServeSettings.from_config(serve_cfg("serve.host='::1'")).url == "http://[::1]:8765"
+    keyed = ServeSettings.from_config(serve_cfg("serve.host=0.0.0.0", "serve.api_key=s3cret"))
+    assert keyed.headers == {"Authorization": "Bearer s3cret"} and "s3cret" not in repr(keyed)
+    monkeypatch.setenv("VLLM_API_KEY", "from-env")  # vLLM's own variable counts as the key
+    assert ServeSettings.from_config(serve_cfg("serve.host=0.0.0.0")).api_key == "from-env"
+    assert ServeSettings.from_config(serve_cfg("serve.api_key=s3cret")).api_key == "s3cret"
+
+
+def settings_on(port: int, startup_s: float = 60) -> ServeSettings:
+    return ServeSettings("127.0.0.1", port, startup_s, drain_s=1, stop_s=5, kv_cache_gib=1)
+
+
+def test_a_taken_port_is_refused_in_one_line():
+    with impostor(["bwprune"]) as port, pytest.raises(UserError) as refused:
+        refuse_taken(settings_on(port))
+    assert str(refused.value) == (
+        f"serve.port={port}: another process listens on 127.0.0.1:{port}; free it (`lsof -i "
+        f":{port}` names it, `fuser -k {port}/tcp` ends it) or choose another serve.port"
+    )
+    refuse_taken(settings_on(port))  # free again
+
+
+def test_only_the_server_launched_counts_as_ready(tmp_path):
+    """Another server on the port answers /health and lists the model `bwprune` (one left
+    running by an earlier launch), but not this launch's own name: never taken for ours."""
+    log = tmp_path / "server.log"
+    log.write_text("Address already in use\n")
+    with impostor(["bwprune", "bwprune-earlier"]) as port:
+        settings = settings_on(port, startup_s=0.5)
+        assert answers_as(settings, "bwprune-earlier")
+        with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as alive:
+            with pytest.raises(UserError, match="did not answer as itself"):
+                wait_ready(settings, alive, "bwprune-0123abcd", log)
+            alive.kill()
+        exited = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+        exited.wait()
+        with pytest.raises(UserError, match=r"exited \(1\) before it was ready(.|\n)*in use"):
+            wait_ready(settings_on(port), exited, "bwprune-0123abcd", log)
 
 
 def test_a_record_key_names_the_rate_and_changes_with_what_is_computed():
