@@ -27,7 +27,7 @@ from bwprune.generation.timing import Precision
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import ModelAdapter, adapter_for
 from bwprune.models.loading import load_model
-from bwprune.report.speed_table import compaction_line, markdown_table, stream_line
+from bwprune.report.speed_table import compaction_line, markdown_table, phase_table, stream_line
 from bwprune.runs.provenance import provenance
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +55,7 @@ def main(overrides: list[str]) -> None:
             bench.new_tokens, bench.prompt_len, bench.warmup, cfg.seed, bench.hf_generate,
             log=print, engines=engines,
         )  # fmt: skip
-        text += f"{markdown_table(record['rows'])}\n"
+        text += f"{markdown_table(record['rows'])}\n{phase_table(record['rows'])}\n"
     if "overhead" in parts:
         thin_overrides = [*overrides, f"model={bench.overhead.model}"]
         thin_cfg = compose_config(ROOT / "conf", ["+bench=default", *thin_overrides]).model
@@ -83,6 +83,7 @@ def main(overrides: list[str]) -> None:
     if "vllm" in parts:  # last: vLLM's engine stays in this process once started
         record["vllm"], how = vllm_part(cfg, overrides, model, tokenizer)
         text += f"vLLM ({how}, in this process):\n\n{markdown_table(record['vllm'])}\n"
+        text += f"\n{phase_table(record['vllm'])}\n"
     device = str(next(model.parameters()).device)
     key = f"{cfg.model.name}_{device.split(':')[0]}_{torch.get_num_threads()}t"
     if set(parts) != set(PARTS):
@@ -97,8 +98,8 @@ def main(overrides: list[str]) -> None:
 
 
 def vllm_part(cfg, overrides: list[str], model: nn.Module, tokenizer) -> tuple[list[dict], str]:
-    """Dense in our HF loop and in vLLM, and `bench.vllm.methods` in vLLM, at its batch sizes;
-    and how vLLM ran (dtype, eager or compiled)."""
+    """Dense in our HF loop and in vLLM, and `bench.vllm.methods` in vLLM, at its batch sizes,
+    in each of `bench.vllm.engines` (label -> `generation.vllm` overrides); and how vLLM ran."""
     from bwprune.generation.prepared import prepare_loaded
     from bwprune.generation.runner import SamplingConfig
     from bwprune.vllm.runner import VLLMRunner
@@ -106,20 +107,25 @@ def vllm_part(cfg, overrides: list[str], model: nn.Module, tokenizer) -> tuple[l
 
     bench = cfg.bench
     top = max(bench.vllm.batch_sizes)
-    engine_cfg = compose_config(
-        ROOT / "conf", ["+bench=default", *overrides, "method=ours", f"batch_size={top}"]
-    )  # built for a method that decides per forward: eager, no prefix caching
-    base = prepare_loaded(model, tokenizer, build_method(engine_cfg.method))
-    hf = base.runner(SamplingConfig(bench.new_tokens, ignore_eos=True), cfg.seed,
-                     engine_cfg.generation)  # fmt: skip
-    engine = VLLMRunner.for_run(engine_cfg, base, hf, bench.prompt_len)
+    engines = {}
+    for label, settings in bench.vllm.engines.items():
+        engine_cfg = compose_config(ROOT / "conf", [
+            "+bench=default", *overrides, "method=ours", f"batch_size={top}",
+            *(f"generation.vllm.{k}={v}" for k, v in settings.items()),
+        ])  # fmt: skip  # built for a method that decides per forward: no prefix caching
+        base = prepare_loaded(model, tokenizer, build_method(engine_cfg.method))
+        hf = base.runner(SamplingConfig(bench.new_tokens, ignore_eos=True), cfg.seed,
+                         engine_cfg.generation)  # fmt: skip
+        engines[label] = VLLMRunner.for_run(engine_cfg, base, hf, bench.prompt_len)
     methods = prepared(bench.vllm.methods, overrides, model, base.adapter, tokenizer)
     rows = measure_vllm(
-        engine, methods, list(bench.vllm.batch_sizes), Precision.from_config(bench),
+        engines, methods, list(bench.vllm.batch_sizes), Precision.from_config(bench),
         bench.new_tokens, bench.prompt_len, bench.warmup, cfg.seed, log=print,
     )  # fmt: skip
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    return rows, f"{dtype}, {'compiled' if engine.compiled else 'eager'}"
+    how = ", ".join(f"{label}: {'compiled' if e.compiled else 'eager'}"
+                    for label, e in engines.items())  # fmt: skip
+    return rows, f"{dtype}; {how}"
 
 
 def prepared(

@@ -1,8 +1,8 @@
 """One prepared GPU speed check at 7-8B shape with random weights: dense, ours (scheduled and with
 its mask frozen) and TEAL, each eager and compiled (torch.compile, on CUDA with CUDA graphs), then
 one reasoning-length generation eager vs compiled, then — where vLLM is installed (`pip install
-vllm`, the CUDA build) — dense in our loop vs dense and ours inside vLLM (eager: ours decides per
-forward), and dense in compiled vLLM.
+vllm`, the CUDA build) — dense in our loop vs dense and ours inside vLLM, eager and compiled (CUDA
+graphs captured around the methods' FFN op).
 
     python3 scripts/gpu_check.py --out DIR      # settings: conf/gpu_check.yaml; flags override
 
@@ -132,9 +132,9 @@ def fixed_repeats(args, repeats: int) -> Precision:
 
 
 def vllm_rows(args, model, tokenizer, adapter, methods: dict, compiled: bool, log) -> list[dict]:
-    """`methods` in vLLM on this random model against dense in our loop (`bwprune.vllm.speed`);
-    `compiled`: dense alone, in vLLM's compiled engine (a method deciding per forward would run
-    eager there anyway). On CUDA vLLM draws its own random weights of the same shape (a dummy
+    """`methods` in vLLM on this random model against dense in our loop (`bwprune.vllm.speed`),
+    in vLLM's eager or compiled engine (on CUDA: CUDA graphs, captured around the methods' FFN
+    op, `bwprune.vllm.ffn_route`). On CUDA vLLM draws its own random weights of the same shape (a dummy
     load: no 15 GB written); on CPU it loads these (it packs a dummy load's weights for oneDNN
     before the plugin can keep them for slicing)."""
     import tempfile
@@ -158,7 +158,8 @@ def vllm_rows(args, model, tokenizer, adapter, methods: dict, compiled: bool, lo
     settings = VLLMSettings("true" if compiled else "false", args.vllm_kv_cache_gib, None)
     engine = VLLMRunner(base, hf, folder, settings, max(args.vllm_batch_sizes), args.prompt_len,
                         seed=0, load_format="dummy" if dummy else "auto")  # fmt: skip
-    return measure_vllm(engine, methods, args.vllm_batch_sizes, fixed_repeats(args, args.repeats),
+    return measure_vllm({"vllm_compiled" if compiled else "vllm": engine}, methods,
+                        args.vllm_batch_sizes, fixed_repeats(args, args.repeats),
                         args.new_tokens, args.prompt_len, args.warmup, 0, log)  # fmt: skip
 
 
@@ -292,7 +293,7 @@ def main() -> None:
                        args.long_tokens, warmup=0, engines=engines, **timing)  # fmt: skip
 
     def in_vllm(compiled: bool) -> list[dict]:
-        chosen = {k: methods[k] for k in (["dense"] if compiled else args.vllm_methods)}
+        chosen = {k: methods[k] for k in args.vllm_methods}
         return vllm_rows(args, model, tokenizer, adapter, chosen, compiled, log)
 
     # Eager and compiled are parts of their own (speedups are against dense on the same engine),

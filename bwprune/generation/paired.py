@@ -101,4 +101,4 @@ def _trial(runner: BatchedRunner, ids, attn, forced: Forcing) -> dict:
     """One timed generation (the runner attaches its method for it and detaches it after, so
     the next trial may be another method on the same model)."""
     _, timing = runner.generate_tokens(ids, attn, forced=forced)
-    return {"prefill_s": timing.prefill_s, "decode_s": timing.decode_s}
+    return {"prefill_s": timing.prefill_s, "decode_s": timing.decode_s, "phases": timing.phases}

@@ -49,6 +49,7 @@ class BatchTiming:
     decode_s: float
     decode_tokens: int  # tokens produced by decode steps for rows still running
     step_s: list[float] = field(default_factory=list)
+    phases: dict = field(default_factory=dict)  # the host's `PhaseLog.summary` of the steps
 
     @property
     def median_step_ms(self) -> float:
@@ -250,6 +251,7 @@ class BatchedRunner:
             decode_s=sum(intervals[1:]),
             decode_tokens=sum(c["decode_steps"] for c in (x.sparsity for x in completions)),
             step_s=intervals[1:],
+            phases=self.driver.host.log.summary(intervals[1:]),
         )
         return completions, timing
 

@@ -17,6 +17,7 @@ only torch and transformers are.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
@@ -191,6 +192,7 @@ def run_once(runner: BatchedRunner, ids, attn) -> dict:
         "step_ms": timing.median_step_ms,
         "tokens_per_s": timing.decode_tokens / timing.decode_s,
         "sparsity": sparsity,
+        "phases": timing.phases,
     }
 
 
@@ -322,6 +324,12 @@ def measure_streaming(
     }  # fmt: skip
 
 
+def _median_phases(phases: list[dict]) -> dict:
+    """Each `PhaseLog.summary` key's median over the repeats that have it."""
+    keys = dict.fromkeys(k for p in phases for k in p)
+    return {k: statistics.median(p[k] for p in phases if k in p) for k in keys}
+
+
 def _summarize(batch: int, samples: dict[str, list[dict]], bytes_: dict, confidence: float):
     frozen_r: dict[str, float] = {}  # per engine: measured speedup of an every-step-sparse method
     rows = []
@@ -348,6 +356,8 @@ def _summarize(batch: int, samples: dict[str, list[dict]], bytes_: dict, confide
                        ideal_bandwidth=schedule_ideal(f, bound))  # fmt: skip
             if f == 1.0:
                 frozen_r[engine] = step_r
+        if runs[0].get("phases"):
+            row["phases"] = _median_phases([r["phases"] for r in runs])
         rows.append(row)
     for row in rows:
         r = frozen_r.get(row["method"].partition("@")[2])

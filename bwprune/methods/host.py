@@ -13,8 +13,10 @@ A family's glue is chosen by its base class; no method is named here.
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -51,14 +53,48 @@ class Site:
 
 @dataclass(frozen=True)
 class FFNSlot:
-    """One layer's FFN as a host swaps it: `parent.<name>` is the MLP; `down` is the module whose
-    input is the FF activation Z; `sliced` computes a kept set (`set_index`, None: dense, through
-    the original modules, so the observer on `down` still fires)."""
+    """One layer's FFN as a host swaps it: `parent.<name>` is what the layer runs as its FFN (the
+    MLP module, or what an engine's FFN calls); `down` is the module whose input is the FF
+    activation Z; `sliced` computes a kept set (`set_index`, None: dense, through the original
+    modules, so the observer on `down` still fires)."""
 
-    parent: nn.Module
+    parent: object
     name: str
     down: nn.Module
     sliced: nn.Module
+
+
+@dataclass
+class PhaseLog:
+    """Where a generation's decode time goes, as a host sees it: the kind of every decode
+    forward (`dense`: no kept set, observing or not; `sparse`: kept sets in force; `refresh`: a
+    sparse forward whose kept sets changed just before it), and per refresh its host time and,
+    per layer, the fraction of kept neurons that stayed in place (1 − entered / kept)."""
+
+    kinds: list[str] = field(default_factory=list)
+    refresh_s: list[float] = field(default_factory=list)
+    overlap: list[list[float]] = field(default_factory=list)  # per refresh, per layer
+
+    def clear(self) -> None:
+        self.kinds.clear()
+        self.refresh_s.clear()
+        self.overlap.clear()
+
+    def summary(self, step_s: list[float]) -> dict:
+        """Median ms of each kind of step (`step_s`: the same forwards' wall times, in order),
+        refreshes and their median host ms, and the mean overlap of kept sets over refreshes
+        and layers."""
+        times: dict[str, list[float]] = {}
+        for kind, seconds in zip(self.kinds[-len(step_s) :] if step_s else [], step_s):
+            times.setdefault(kind, []).append(seconds)
+        out = {f"{kind}_step_ms": 1e3 * statistics.median(t) for kind, t in times.items()}
+        out["refreshes"] = len(self.refresh_s)
+        if self.refresh_s:
+            out["refresh_ms"] = 1e3 * statistics.median(self.refresh_s)
+            stayed = [o for layers in self.overlap for o in layers]
+            if stayed:
+                out["overlap"] = statistics.fmean(stayed)
+        return out
 
 
 def flat_tokens(
@@ -92,6 +128,7 @@ class Host:
         self._applied: list[torch.Tensor | None] = []
         self._glued = False  # is glue on the model (else a forward needs no tokens)
         self._every: dict[tuple, torch.Tensor] = {}  # (B, device) -> arange(B)
+        self.log = PhaseLog()
 
     # -- the engine's side (a subclass) ---------------------------------------------------------
     def ffns(self, model: nn.Module, adapter: Any) -> list[FFNSlot]:
@@ -149,11 +186,26 @@ class Host:
         if not self._glued:
             return
         self._tokens = self.tokens(ctx, valid, slots)
-        if self.sliced:
-            for i, (s, index) in enumerate(zip(self.sliced, self.method.kept)):
-                if index is not self._applied[i]:
-                    s.set_index(index)
-                    self._applied[i] = index
+        refreshed = self.sliced and self._refresh()
+        if ctx.phase is Phase.DECODE:
+            sparse = any(index is not None for index in self._applied)
+            self.log.kinds.append("refresh" if refreshed else "sparse" if sparse else "dense")
+
+    def _refresh(self) -> bool:
+        """Put the kept sets the method chose into the MLPs; whether a kept set changed."""
+        start, written, overlap = time.perf_counter(), False, []
+        for i, (s, index) in enumerate(zip(self.sliced, self.method.kept)):
+            if index is not self._applied[i]:
+                writes = s.set_index(index)
+                self._applied[i] = index
+                written |= writes is not None
+                if writes is not None and not writes.refill:  # a refill has no predecessor
+                    overlap.append(1.0 - writes.entered / max(1, int(index.numel())))
+        if not written:
+            return False
+        self.log.refresh_s.append(time.perf_counter() - start)
+        self.log.overlap.append(overlap)
+        return True
 
     def _attach_neuron_set(self, hooks: HookSet, model: nn.Module, adapter: Any) -> None:
         ffns = self.ffns(model, adapter)

@@ -51,6 +51,36 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n" + (f"\n{note}\n" if note else "")
 
 
+PHASE_COLUMNS = (
+    "batch", "method", "dense step ms", "sparse step ms", "refresh step ms", "refresh ms",
+    "refreshes", "kept overlap", "decode speedup / ideal (measured r)",
+)  # fmt: skip
+
+
+def phase_table(rows: list[dict]) -> str:
+    """Where the decode time of the rows that ran kept sets goes (`PhaseLog.summary`, medians
+    over repeats): each kind of step, the host's time per refresh, how many kept neurons stayed
+    per refresh, and the decode speedup against its schedule-aware ideal; "" when no row ran
+    a kept set."""
+    rows = [r for r in rows if r.get("phases", {}).get("sparse_step_ms") is not None]
+    if not rows:
+        return ""
+
+    def fmt(v, digits=1):
+        return "–" if v is None else f"{v:.{digits}f}"
+
+    lines = ["| " + " | ".join(PHASE_COLUMNS) + " |", "|" + "---|" * len(PHASE_COLUMNS)]
+    for r in rows:
+        p, ideal = r["phases"], r.get("ideal_measured_r")
+        of_ideal = None if not ideal else r["speedup_decode"]["median"] / ideal
+        cells = [str(r["batch_size"]), r["method"], fmt(p.get("dense_step_ms")),
+                 fmt(p.get("sparse_step_ms")), fmt(p.get("refresh_step_ms")),
+                 fmt(p.get("refresh_ms"), 2), str(round(p.get("refreshes", 0))),
+                 fmt(p.get("overlap"), 3), fmt(of_ideal, 2)]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def compaction_line(c: dict) -> str:
     """One sentence for `bwprune.generation.speed.measure_compaction`'s record."""
     with_, without, ratio = (c[k]["median"] for k in

@@ -3,7 +3,7 @@
 In one process, alternated and repeated like every other speed number here
 (`bwprune.generation.speed`, whose summary and table this part shares): dense through our HF
 runner (`dense`), dense through vLLM (`dense@vllm`), and each method through vLLM
-(`<method>@vllm`, its speedups against `dense@vllm`). Every generation is forced to exactly
+(`<method>@<engine>`, its speedups against `dense@<engine>`: vLLM eager and compiled). Every generation is forced to exactly
 `new_tokens` tokens per row on the same random prompts, so every trial does the same work, and
 the trials alternate until the speedups' intervals are tight (`timed_rows`). A vLLM
 step is timed from the start of its forward to the start of the next: the model and what vLLM
@@ -30,7 +30,7 @@ from bwprune.vllm.runner import VLLMRunner
 
 
 def measure_vllm(
-    engine: VLLMRunner,
+    engines: Mapping[str, VLLMRunner],
     methods: Mapping[str, PruningMethod],
     batch_sizes: list[int],
     precision: Precision,
@@ -40,15 +40,18 @@ def measure_vllm(
     seed: int,
     log: Callable[[str], None] = lambda _: None,
 ) -> list[dict]:
-    """Rows as `bwprune.generation.speed.measure`'s: `methods` (prepared on the engine's HF
-    model; "dense" among them) run in vLLM, and dense in the HF loop, at every batch size."""
+    """Rows as `bwprune.generation.speed.measure`'s: `methods` (prepared on the engines' HF
+    model; "dense" among them) run in each vLLM engine (label -> engine: rows
+    `<method>@<label>`, speedups against `dense@<label>`), and dense in the HF loop, at every
+    batch size."""
+    engine = next(iter(engines.values()))
     prepared = engine.prepared
     model, adapter, device = prepared.model, prepared.adapter, engine.device
     hf = BatchedRunner(model, prepared.tokenizer, methods["dense"], adapter,
                        SamplingConfig(new_tokens, ignore_eos=True),
                        ledger=SparsityLedger(adapter, device))  # fmt: skip
-    drivers = {f"{label}@vllm": engine.driver_for(m, SparsityLedger(adapter, device))
-               for label, m in methods.items()}  # fmt: skip
+    drivers = {f"{label}@{name}": (e, e.driver_for(m, SparsityLedger(adapter, device)))
+               for name, e in engines.items() for label, m in methods.items()}  # fmt: skip
     gen = torch.Generator().manual_seed(seed)
     vocab = min(prepared.tokenizer.vocab_size, 1000)
     rows = []
@@ -56,8 +59,8 @@ def measure_vllm(
         ids = torch.randint(3, vocab, (batch, prompt_len), generator=gen).to(device)
         attn = torch.ones_like(ids)
         trials = {"dense": partial(run_once, hf, ids, attn)}
-        trials |= {label: partial(_vllm_once, engine, d, ids, attn, new_tokens)
-                   for label, d in drivers.items()}  # fmt: skip
+        trials |= {label: partial(_vllm_once, e, d, ids, attn, new_tokens)
+                   for label, (e, d) in drivers.items()}  # fmt: skip
         rows += timed_rows(batch, trials, precision, warmup, weight_bytes(model),
                            lambda line: log(f"vLLM {line}"))  # fmt: skip
     return rows
@@ -73,4 +76,5 @@ def _vllm_once(engine: VLLMRunner, driver, ids, attn, new_tokens: int) -> dict:
         "step_ms": timing.median_step_ms,
         "tokens_per_s": timing.decode_tokens / timing.decode_s,
         "sparsity": combine(c.sparsity for c in completions),
+        "phases": timing.phases,
     }

@@ -1,0 +1,41 @@
+"""Where decode time goes: every decode forward's kind, each refresh's host time and the overlap of
+consecutive kept sets, as a host logs them (`bwprune.methods.host.PhaseLog`)."""
+
+import pytest
+import torch
+
+from bwprune.generation.runner import BatchedRunner, SamplingConfig
+from bwprune.methods.host import PhaseLog
+from bwprune.models.adapters import adapter_for
+from tests.conftest import PROMPTS, chat, method_from_conf, prepared
+
+
+def test_summary_takes_each_kind_of_step_apart():
+    log = PhaseLog(["dense", "dense", "refresh", "sparse", "sparse", "sparse"], [0.002],
+                   [[0.75, 0.25]])  # fmt: skip
+    out = log.summary([0.010, 0.012, 0.009, 0.004, 0.006, 0.005])
+    assert out["dense_step_ms"] == pytest.approx(11.0)
+    assert out["refresh_step_ms"] == pytest.approx(9.0)
+    assert out["sparse_step_ms"] == pytest.approx(5.0)
+    assert out["refreshes"] == 1 and out["refresh_ms"] == pytest.approx(2.0)
+    assert out["overlap"] == pytest.approx(0.5)
+    assert PhaseLog().summary([]) == {"refreshes": 0}
+
+
+def test_a_generation_logs_its_schedule_refreshes_and_overlaps(tiny):
+    """ours at t_init 4, periods of 3 sparse + 2 dense steps over 20 steps: dense steps 0-3,
+    the first mask at step 4, then a refresh at every period's first sparse step; each refresh
+    after the first moves only part of the kept set (the overlaps are those of the kept sets)."""
+    model, tok = tiny
+    method = method_from_conf("ours", sparsity=0.5, t_init=4, t_explore=2, t_prune=3)
+    prepared(method, model, tok)
+    runner = BatchedRunner(model, tok, method, adapter_for(model),
+                           SamplingConfig(21, ignore_eos=True))  # fmt: skip
+    _, timing = runner.generate_tokens(*runner.encode(chat(tok, PROMPTS)))
+    kinds = runner.driver.host.log.kinds
+    assert len(kinds) == len(timing.step_s) == 20
+    period = ["refresh", "sparse", "sparse", "dense", "dense"]
+    assert kinds == ["dense"] * 4 + period * 3 + ["refresh"]
+    assert timing.phases["refreshes"] == 4
+    assert 0.0 <= timing.phases["overlap"] <= 1.0
+    assert set(timing.phases) >= {"dense_step_ms", "sparse_step_ms", "refresh_step_ms"}
