@@ -101,7 +101,8 @@ class KeptFFN(nn.Module):
         writes = self.slots.assign(index)
         if writes.refill:
             self.weights = self.slot_weights(self.slots.capacity)
-        self.weights.write(writes)
+        if len(writes):
+            self.weights.write(writes)
         self.index = index
         return writes
 

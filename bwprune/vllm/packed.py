@@ -59,40 +59,42 @@ def panel_width(rows: int, cols: int) -> int | None:
     packed_c = pack(c[None].contiguous(), ISA).flatten().long()
     where = torch.arange(rows * cols)
     for p in PANELS:
-        if rows % p == 0 and torch.equal(_positions(packed_r, packed_c, cols, p), where):
+        if rows % p == 0 and torch.equal(
+            (packed_r // p) * cols * p + packed_c * p + packed_r % p, where
+        ):
             return p
     return None
-
-
-def _positions(r: torch.Tensor, c: torch.Tensor, cols: int, p: int) -> torch.Tensor:
-    """Flat packed positions of elements (r, c) of a (rows, cols) weight in panels of `p`."""
-    return (r // p) * cols * p + c * p + r % p
 
 
 class PackedKeptWeights:
     """C slots of a gated FFN in the kernel's packed layout, written slot by slot."""
 
-    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down_t: torch.Tensor,
                  slots: int) -> None:  # fmt: skip
-        """`gate`, `up`: (D_ff, H); `down`: (H, D_ff): the sources slots are written from."""
+        """`gate`, `up`, `down_t`: (D_ff, H), the down projection transposed (a neuron's down
+        column is then a contiguous row: gathering columns cost 5x more): the sources slots
+        are written from."""
         hidden = gate.shape[1]
-        self.sources, self.slots, self.hidden = (gate, up, down), slots, hidden
+        self.sources, self.slots, self.hidden = (gate, up, down_t), slots, hidden
         self.w13 = gate.new_zeros(1, 2 * slots, hidden)  # zeros pack to zeros in any layout
-        self.w2 = down.new_zeros(1, hidden, slots)
+        self.w2 = down_t.new_zeros(1, hidden, slots)
         self.p13, self.p2 = panel_width(2 * slots, hidden), panel_width(hidden, slots)
-        self._columns = torch.arange(hidden, device=gate.device)
         self._routes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # tokens -> (w, ids)
 
     @torch.no_grad()
     def write(self, writes: SlotWrites) -> None:
-        (gate, up, down), h = self.sources, self._columns
-        rows = torch.cat([writes.slots, writes.slots + self.slots])  # gate rows, then up rows
-        values = torch.cat([gather_rows(gate, writes.neurons), gather_rows(up, writes.neurons)])
-        at = _positions(rows[:, None], h[None, :], self.hidden, self.p13)  # (2W, H)
-        self.w13.view(-1).index_copy_(0, at.flatten(), values.flatten())
-        at = _positions(h[None, :], writes.slots[:, None], self.slots, self.p2)  # (W, H)
-        columns = gather_rows(down, writes.neurons, dim=1).t()  # (W, H)
-        self.w2.view(-1).index_copy_(0, at.flatten(), columns.flatten())
+        """Each written slot's gate and up rows and down column, straight into their panels:
+        (r, c) of a weight packed in panels of P lives at [r // P, c, r % P] of the packed
+        tensor seen as (rows / P, cols, P)."""
+        (gate, up, down_t), slots, neurons = self.sources, writes.slots, writes.neurons
+        rows = torch.cat([slots, slots + self.slots])  # gate rows, then up rows
+        w13 = self.w13.view(-1, self.hidden, self.p13)
+        w13[rows // self.p13, :, rows % self.p13] = torch.cat(
+            [gather_rows(gate, neurons), gather_rows(up, neurons)]
+        )
+        w2 = self.w2.view(-1, self.slots, self.p2)  # (H / P, C, P): slot s is [:, s, :]
+        columns = gather_rows(down_t, neurons).t()  # (H, W)
+        w2[:, slots, :] = columns.reshape(-1, self.p2, len(slots)).transpose(1, 2)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """(T, H) -> (T, H): every token through the one expert, weight 1."""
