@@ -50,7 +50,7 @@ from bwprune.models.adapters import ModelAdapter
 
 SELECTS = ("topk", "threshold")
 MEMORY_POLICIES = ("max", "reset", "decay", "window", "request")
-ON_ENTER = ("prompt", "explore")
+ON_ENTER = ("prompt", "defer", "explore")
 
 
 class Ours(NeuronSetMethod):
@@ -67,6 +67,8 @@ class Ours(NeuronSetMethod):
     phases commute). What entering rows' prompts do (`on_enter`): `prompt` absorbs their score
     into m at once, refreshing the mask if one is in force; `explore` restarts the paper's
     batch-start schedule: prompt phase, `t_init` dense observing steps, first mask, periods.
+    `defer` absorbs them as `prompt` does but leaves the mask in force until the next scheduled
+    refresh: under a server's arrivals a refresh per request is a refresh per few steps.
     """
 
     def __init__(

@@ -417,6 +417,25 @@ def test_on_enter_prompt_refreshes_a_mask_in_force_at_once():
     assert s.dense_forwards[-1] is False  # no dense step added
 
 
+def test_on_enter_defer_keeps_the_mask_until_the_next_scheduled_refresh():
+    """The entering prompt enters the memory at once, as `prompt`'s does, but the mask in force
+    stays until the exploration window that follows ends, and is then chosen from that memory."""
+    method = logged(t_init=2, t_explore=2, t_prune=4, on_enter="defer")
+    with Stream(method) as s:
+        s.decode(3)  # step 2: the first mask
+        old = kept(method)
+        s.leave(2)
+        s.enter(2)
+        entered = method.absorbed[-1][2]
+        assert same_kept(kept(method), old)  # no refresh at the entry
+        s.decode(3)  # steps 3-5: sparse; the mask still the old one
+        assert same_kept(kept(method), old)
+        s.decode(3)  # steps 6-7 explore, step 8 closes the window: the memory's top-k
+        before, _, after = method.absorbed[-1]
+        assert all(torch.equal(torch.maximum(b, e), b) for b, e in zip(before, entered))
+        assert masked_from(method, after)
+
+
 def test_on_enter_prompt_in_the_initial_window_carries_into_the_first_mask():
     method = logged(t_init=4, t_explore=2, t_prune=4)
     with Stream(method) as s:
@@ -497,7 +516,7 @@ def test_griffin_reselects_from_the_prompts_of_the_rows_in_the_batch():
         ),
         (
             dict(on_enter="skip"),
-            r"on_enter='skip' is not valid; choose one of \['explore', 'prompt'\]",
+            r"on_enter='skip' is not valid; choose one of \['defer', 'explore', 'prompt'\]",
         ),
         (dict(memory_decay=0.0), r"memory_decay=0.0 is outside \(0, 1\]"),
         (dict(memory_decay=1.5), r"memory_decay=1.5 is outside \(0, 1\]"),
