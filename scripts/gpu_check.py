@@ -133,10 +133,10 @@ def fixed_repeats(args, repeats: int) -> Precision:
 
 def vllm_rows(args, model, tokenizer, adapter, methods: dict, compiled: bool, log) -> list[dict]:
     """`methods` in vLLM on this random model against dense in our loop (`bwprune.vllm.speed`),
-    in vLLM's eager or compiled engine (on CUDA: CUDA graphs, captured around the methods' FFN
-    op, `bwprune.vllm.ffn_route`). On CUDA vLLM draws its own random weights of the same shape (a dummy
-    load: no 15 GB written); on CPU it loads these (it packs a dummy load's weights for oneDNN
-    before the plugin can keep them for slicing)."""
+    in vLLM's eager or compiled engine (on CUDA: CUDA graphs, captured around the methods'
+    FFN op, `bwprune.vllm.ffn_route`). On CUDA vLLM draws its own random weights of the same
+    shape (a dummy load: no 15 GB written); on CPU it loads these (it packs a dummy load's
+    weights for oneDNN before the plugin can keep them for slicing)."""
     import tempfile
 
     from bwprune.engine.ledger import SparsityLedger

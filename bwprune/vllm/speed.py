@@ -2,10 +2,10 @@
 
 In one process, alternated and repeated like every other speed number here
 (`bwprune.generation.speed`, whose summary and table this part shares): dense through our HF
-runner (`dense`), dense through vLLM (`dense@vllm`), and each method through vLLM
-(`<method>@<engine>`, its speedups against `dense@<engine>`: vLLM eager and compiled). Every generation is forced to exactly
-`new_tokens` tokens per row on the same random prompts, so every trial does the same work, and
-the trials alternate until the speedups' intervals are tight (`timed_rows`). A vLLM
+runner (`dense`), and each method through each vLLM engine, eager and compiled
+(`<method>@<engine>`, its speedups against `dense@<engine>`). Every generation is forced to
+exactly `new_tokens` tokens per row on the same random prompts, so every trial does the same
+work, and the trials alternate until the speedups' intervals are tight (`timed_rows`). A vLLM
 step is timed from the start of its forward to the start of the next: the model and what vLLM
 does around it, as an HF step includes the loop's own work. One engine serves every batch size
 (a batch of B requests queued at once in an engine of more slots is still a static batch).

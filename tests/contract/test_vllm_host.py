@@ -241,7 +241,7 @@ def test_a_method_masking_outside_the_ffn_stays_eager(engine):
 
     teal = engine.method("teal")
     assert not compilable(teal)
-    with pytest.raises(UserError, match="attn_in.*enforce_eager"):
+    with pytest.raises(UserError, match=r"attn_in.*enforce_eager"):
         VLLMHost(teal, compiled=True).attach(engine.vllm.model)
     assert all(compilable(engine.method(name)) for name in ("dense", "ours", "griffin", "cats"))
 

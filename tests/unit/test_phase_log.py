@@ -2,7 +2,6 @@
 consecutive kept sets, as a host logs them (`bwprune.methods.host.PhaseLog`)."""
 
 import pytest
-import torch
 
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.methods.host import PhaseLog
