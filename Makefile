@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-fast lint format tables figures traces serve load-sweep bench retime rescore view clean
+.PHONY: help install run test test-fast lint format tables figures traces serve load-sweep soak bench retime rescore view clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -53,6 +53,9 @@ serve: $(STAMP)  ## vLLM's OpenAI server on 127.0.0.1 with a method inside, unti
 
 load-sweep: $(STAMP)  ## load tests: served methods x request rates (conf/serve.yaml) -> results/serve/ (ARGS=overrides)
 	$(PY) scripts/load_test.py $(ARGS)
+
+soak: $(STAMP)  ## one server at saturation for serve.soak.requests requests -> results/serve/soak/ (METHOD=ours ARGS=overrides)
+	$(PY) scripts/soak.py method=$(or $(METHOD),ours) $(ARGS)
 
 bench: $(STAMP)  ## decode speed, methods alternated in one process -> results/speed/ (ARGS=overrides)
 	$(PY) scripts/bench_speed.py $(ARGS)

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -159,3 +160,32 @@ def test_agreement_is_with_dense_at_the_same_rate(tmp_path):
     table = serving_frame(load_records(tmp_path))
     assert list(table["method"][:3]) == ["dense", "dense", "ours (max)"]
     assert "TPOT p50 ms" in table.columns and "agree" in table.columns
+
+
+def test_a_soak_is_read_per_minute_and_judged():
+    from bwprune.vllm.soak import minutes, verdict
+
+    results = [{"start_s": t - 2.0, "end_s": t, "tokens": 30, "error": None}
+               for t in np.arange(3.0, 200.0, 1.0)]  # fmt: skip
+    samples = [{"t_s": t, "answered": 0, "ledger_lines": int(t), "worker_rss_mib": 500.0 + t / 60}
+               for t in range(0, 200, 5)]  # fmt: skip
+    rows = minutes(results, samples)
+    assert [m["minute"] for m in rows] == [1, 2, 3, 4]
+    assert [m["finished"] for m in rows[:3]] == [57, 60, 60]
+    assert rows[1]["tok_per_s"] == pytest.approx(30.0) and rows[1]["e2e_p50_ms"] == 2000.0
+    assert rows[1]["ledger_lines"] == 115 and rows[3]["span_s"] == pytest.approx(19.0)
+    judged = verdict(results, len(results), rows, growth_mib=64)
+    assert judged["failed"] == 0 and judged["one_ledger_line_per_request"]
+    assert judged["memory_within_bound"] and judged["worker_rss_growth_mib"] < 3
+    assert judged["p50_trend_per_minute"] is None  # two full minutes after the first: no trend
+    leaking = [{**m, "worker_rss_mib": 500.0 + 100 * m["minute"]} for m in rows]
+    assert not verdict(results, len(results) - 1, leaking, 64)["memory_within_bound"]
+    assert not verdict(results, len(results) - 1, leaking, 64)["one_ledger_line_per_request"]
+
+
+def test_served_determinism_compares_with_the_first_answer_alone():
+    from bwprune.vllm.determinism import same
+
+    alone = [["4", "4", "5"], ["7", "7", "7"]]
+    assert same(alone, alone, skip_first=True) == pytest.approx(3 / 4)
+    assert same([["4", "x", "4"], ["7", "7", "1"]], alone) == pytest.approx(4 / 6)

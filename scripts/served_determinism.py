@@ -1,0 +1,39 @@
+"""Served determinism (docs/serving.md): for each of serve.determinism.methods, a fresh server, the
+same greedy requests alone and under traffic, and how often each answer equals the first one alone
+(conf/serve.yaml; bwprune/vllm/determinism.py); records under results/serve/determinism/.
+
+    python scripts/served_determinism.py generation.max_new_tokens=32
+    python scripts/served_determinism.py "serve.determinism.methods=[dense,'ours:method.t_init=2']"
+"""
+
+import sys
+from pathlib import Path
+
+from bwprune.config import compose_config
+from bwprune.errors import UserError
+from bwprune.vllm.server import stopped_by_signals
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main(overrides: list[str]) -> None:
+    from bwprune.vllm.determinism import served_determinism
+
+    base = compose_config(ROOT / "conf", overrides, name="serve")
+    print("| method | same answer alone | same answer under traffic |\n|---|---|---|", flush=True)
+    for entry in base.serve.determinism.methods:
+        name, _, extra = str(entry).partition(":")
+        chosen = [*overrides, f"method={name}", *filter(None, extra.split(","))]
+        record = served_determinism(compose_config(ROOT / "conf", chosen, name="serve"))
+        print(f"| {entry} | {record['alone_same']:.2f} | {record['traffic_same']:.2f} |",
+              flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    try:
+        with stopped_by_signals():
+            main(sys.argv[1:])
+    except UserError as e:
+        sys.exit(f"error: {e}")
+    except KeyboardInterrupt as e:
+        sys.exit(f"stopped ({e}): the server is stopped; the methods done are recorded")
