@@ -3,7 +3,8 @@ same greedy requests alone and under traffic, and how often each answer equals t
 (conf/serve.yaml; bwprune/vllm/determinism.py); records under results/serve/determinism/.
 
     python scripts/served_determinism.py generation.max_new_tokens=32
-    python scripts/served_determinism.py "serve.determinism.methods=[dense,'ours:method.t_init=2']"
+    python scripts/served_determinism.py "serve.determinism.methods=['ours:method.t_init=2']" \
+        serve.determinism.dir=results/serve/determinism_t2     # a variant: a dir of its own
 """
 
 import sys
@@ -20,6 +21,12 @@ def main(overrides: list[str]) -> None:
     from bwprune.vllm.determinism import served_determinism
 
     base = compose_config(ROOT / "conf", overrides, name="serve")
+    names = [str(entry).partition(":")[0] for entry in base.serve.determinism.methods]
+    if len(set(names)) < len(names):  # a record is named by its method alone
+        raise UserError(f"serve.determinism.methods={list(base.serve.determinism.methods)} "
+                        f"names a method twice; its records (<dir>/<model>/<method>.json) would "
+                        f"overwrite each other: run a variant with a serve.determinism.dir of its "
+                        f"own")  # fmt: skip
     print("| method | same answer alone | same answer under traffic |\n|---|---|---|", flush=True)
     for entry in base.serve.determinism.methods:
         name, _, extra = str(entry).partition(":")

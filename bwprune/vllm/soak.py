@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from bwprune.benchmarks.selection import select_examples
 from bwprune.config import build
 from bwprune.engine.stopping import stop_token_ids
+from bwprune.errors import UserError
 from bwprune.generation.prompts import batch_prompts
 from bwprune.runs.identity import identity, method_name
 from bwprune.vllm.load import without_key
@@ -88,12 +89,18 @@ def soak(cfg: DictConfig) -> dict:
             pool.shutdown(wait=False, cancel_futures=True)
             done.set()
             watcher.join()
+            with open(out / "requests.jsonl", "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(r) + "\n" for r in results)
+            with open(out / "samples.jsonl", "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(s) + "\n" for s in samples)
+        if proc.poll() is not None:
+            failed = sum(r["error"] is not None for r in results)
+            tail = (out / "server.log").read_text(errors="replace")[-3000:]
+            raise UserError(f"the vLLM server exited ({proc.returncode}) during the soak; "
+                            f"{failed} of {len(results)} requests failed; the end of "
+                            f"{out / 'server.log'}:\n{tail}")  # fmt: skip
         preempted = preemptions(server)
     lines = len(ledger.read_text().splitlines())
-    with open(out / "requests.jsonl", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in results)
-    with open(out / "samples.jsonl", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(s) + "\n" for s in samples)
     per_minute = minutes(results, samples)
     record = {
         "key": soak_key(cfg), "model": cfg.model.name, "method": method_name(cfg),
