@@ -81,7 +81,7 @@ class MethodDriver:
         """`batch_size` rows enter together: a new generation for the method and the ledger."""
         self.method.rows(RowsStart(batch_size, self.ledger.device))
         self.ledger.reset(batch_size)
-        self.host.log.clear()
+        self.host.start()
 
     def keep_rows(self, index: torch.Tensor) -> None:
         """Only the current rows `index` (1-D, ascending) go on; the others have left for good."""

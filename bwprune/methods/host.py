@@ -181,6 +181,15 @@ class Host:
             self._every[key] = torch.arange(valid.shape[0], device=valid.device)
         return flat_tokens(ctx, valid, slots, self._every[key])
 
+    def start(self) -> None:
+        """A generation starts: a fresh phase log, and every sliced FFN restarts (its slots fill
+        afresh from the generation's first kept set), so the order in which a down projection
+        sums its neurons, and so every logit, depends on this generation alone."""
+        self.log.clear()
+        for s in self.sliced:
+            s.restart()
+        self._applied = [None] * len(self.sliced)
+
     # -- the glue -------------------------------------------------------------------------------
     def attach(self, model: nn.Module, adapter: Any) -> HookSet:
         """Install the family's glue; everything is undone when the returned set exits."""

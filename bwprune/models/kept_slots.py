@@ -34,6 +34,15 @@ class SlotWrites:
     def __len__(self) -> int:
         return int(self.slots.numel())
 
+    def gather(self, weight: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        """`weight`'s rows (dim 0) or columns (dim 1) of the written neurons, zeros for `EMPTY`."""
+        if self.entered == len(self):  # no slot is emptied: every neuron is a real one
+            return weight.index_select(dim, self.neurons)
+        picked = weight.index_select(dim, self.neurons.clamp_min(0))
+        shape = [1, 1]
+        shape[dim] = -1
+        return picked.masked_fill((self.neurons < 0).view(shape), 0)
+
 
 def capacity(kept: int, align: int) -> int:
     """Slots for `kept` neurons: rounded up to a multiple of `align`."""
@@ -47,6 +56,7 @@ class KeptSlots:
         self.d_ff, self.align = d_ff, align
         self.slots: torch.Tensor | None = None  # (capacity,) neuron per slot, EMPTY for none
         self._resident: torch.Tensor | None = None  # (d_ff,) bool: held by some slot
+        self._held = 0  # slots holding a neuron
 
     @property
     def capacity(self) -> int:
@@ -62,16 +72,23 @@ class KeptSlots:
             return self._refill(index)
         wanted = torch.zeros(self.d_ff, dtype=torch.bool, device=index.device)
         wanted[index] = True
-        held = self.slots >= 0
-        leaving = (held & ~wanted[self.slots.clamp_min(0)]).nonzero().flatten()
+        if self._held == self.capacity:  # no empty slot (k a multiple of `align`: the usual case)
+            leaving = (~wanted[self.slots]).nonzero().flatten()
+            targets = leaving
+        else:
+            held = self.slots >= 0
+            leaving = (held & ~wanted[self.slots.clamp_min(0)]).nonzero().flatten()
+            targets = torch.cat([leaving, (~held).nonzero().flatten()])
         entering = index[~self._resident[index]]
-        targets = torch.cat([leaving, (~held).nonzero().flatten()])
         slots = targets[: max(len(entering), len(leaving))]
-        neurons = torch.full_like(slots, EMPTY)
-        neurons[: len(entering)] = entering
+        neurons = entering
+        if len(entering) < len(slots):
+            neurons = torch.full_like(slots, EMPTY)
+            neurons[: len(entering)] = entering
         self._resident[self.slots[leaving]] = False
         self._resident[entering] = True
         self.slots[slots] = neurons
+        self._held = kept
         return SlotWrites(slots, neurons, len(entering), refill=False)
 
     def _refill(self, index: torch.Tensor) -> SlotWrites:
@@ -81,16 +98,6 @@ class KeptSlots:
         self.slots = slots
         self._resident = torch.zeros(self.d_ff, dtype=torch.bool, device=index.device)
         self._resident[index] = True
+        self._held = int(index.numel())
         every = torch.arange(len(slots), device=index.device)
         return SlotWrites(every, slots.clone(), int(index.numel()), refill=True)
-
-
-def gather_rows(weight: torch.Tensor, neurons: torch.Tensor, dim: int = 0) -> torch.Tensor:
-    """`weight`'s rows (dim 0) or columns (dim 1) of `neurons`, zeros for `EMPTY`."""
-    picked = weight.index_select(dim, neurons.clamp_min(0))
-    empty = neurons < 0
-    if bool(empty.any()):
-        shape = [1, 1]
-        shape[dim] = -1
-        picked = picked.masked_fill(empty.view(shape), 0)
-    return picked

@@ -18,11 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bwprune.models.kept_slots import KeptSlots, SlotWrites, gather_rows
+from bwprune.models.kept_slots import KeptSlots, SlotWrites
 
 
 class SlotWeights(Protocol):
     """Kept weights of a fixed number of slots, in some kernel's layout."""
+
+    slots: int
 
     def write(self, writes: SlotWrites) -> None: ...
 
@@ -50,14 +52,13 @@ class KeptWeights:
 
     @torch.no_grad()
     def write(self, writes: SlotWrites) -> None:
-        (gate, up, down), slots, neurons = self.sources, writes.slots, writes.neurons
-        self.gate_up.index_copy_(0, slots, gather_rows(gate, neurons))
-        self.gate_up.index_copy_(0, slots + self.slots, gather_rows(up, neurons))
-        self.down.index_copy_(1, slots, gather_rows(down, neurons, dim=1))
+        (gate, up, down), slots = self.sources, writes.slots
+        self.gate_up.index_copy_(0, slots, writes.gather(gate))
+        self.gate_up.index_copy_(0, slots + self.slots, writes.gather(up))
+        self.down.index_copy_(1, slots, writes.gather(down, dim=1))
         if self.gate_up_bias is not None:
-            self.gate_up_bias.index_copy_(0, slots, gather_rows(self.gate_bias, neurons))
-            self.gate_up_bias.index_copy_(0, slots + self.slots,
-                                          gather_rows(self.up_bias, neurons))  # fmt: skip
+            self.gate_up_bias.index_copy_(0, slots, writes.gather(self.gate_bias))
+            self.gate_up_bias.index_copy_(0, slots + self.slots, writes.gather(self.up_bias))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = F.linear(x, self.gate_up, self.gate_up_bias)
@@ -99,12 +100,18 @@ class KeptFFN(nn.Module):
             self.index = index
             return None
         writes = self.slots.assign(index)
-        if writes.refill:
+        if self.weights is None or self.weights.slots != self.slots.capacity:
             self.weights = self.slot_weights(self.slots.capacity)
         if len(writes):
             self.weights.write(writes)
         self.index = index
         return writes
+
+    def restart(self) -> None:
+        """Dense, and the next kept set fills the slots afresh, in its own order (the buffers
+        stay): a generation then computes the same whatever ran before it."""
+        self.index = None
+        self.slots = KeptSlots(self.d_ff, self.slots.align)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dense(x) if self.index is None else self.weights(x)

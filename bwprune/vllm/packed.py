@@ -22,7 +22,7 @@ from functools import cache
 
 import torch
 
-from bwprune.models.kept_slots import SlotWrites, gather_rows
+from bwprune.models.kept_slots import SlotWrites
 
 ISA = "vec"  # the kernel's portable x86/AVX code path (fp32)
 ALIGN = 32  # the kernel's output sizes (the hidden size and 2C) must be multiples of this
@@ -86,14 +86,13 @@ class PackedKeptWeights:
         """Each written slot's gate and up rows and down column, straight into their panels:
         (r, c) of a weight packed in panels of P lives at [r // P, c, r % P] of the packed
         tensor seen as (rows / P, cols, P)."""
-        (gate, up, down_t), slots, neurons = self.sources, writes.slots, writes.neurons
+        (gate, up, down_t), slots = self.sources, writes.slots
         rows = torch.cat([slots, slots + self.slots])  # gate rows, then up rows
         w13 = self.w13.view(-1, self.hidden, self.p13)
-        w13[rows // self.p13, :, rows % self.p13] = torch.cat(
-            [gather_rows(gate, neurons), gather_rows(up, neurons)]
-        )
+        w13[rows // self.p13, :, rows % self.p13] = torch.cat([writes.gather(gate),
+                                                               writes.gather(up)])  # fmt: skip
         w2 = self.w2.view(-1, self.slots, self.p2)  # (H / P, C, P): slot s is [:, s, :]
-        columns = gather_rows(down_t, neurons).t()  # (H, W)
+        columns = writes.gather(down_t).t()  # (H, W)
         w2[:, slots, :] = columns.reshape(-1, self.p2, len(slots)).transpose(1, 2)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -76,3 +76,25 @@ def test_hookset_restores_model_on_error(tiny):
     assert view.layer.mlp is view.mlp
     assert not view.down._forward_pre_hooks
     assert torch.equal(view.mlp(x), before)
+
+
+def test_a_restart_fills_the_slots_afresh_in_the_buffers_it_has(tiny):
+    """A generation computes the same whatever ran before it: after `restart` the next kept set
+    fills the slots in its own order, into the same buffers."""
+    model, _ = tiny
+    sliced = SlicedMLP(adapter_for(model).ffn(0).mlp)
+    x = torch.randn(2, 3, model.config.hidden_size)
+    first, second = torch.arange(20), torch.arange(5, 25)
+    sliced.set_index(first)
+    buffer = sliced.weights.gate_up
+    sliced.set_index(second)  # moves 5 neurons into the slots of 0-4: another order
+    assert sliced.slots.slots.tolist() != second.tolist()
+    moved = sliced(x)
+    sliced.restart()
+    assert sliced.kept == sliced.d_ff
+    assert sliced.set_index(second).refill and sliced.weights.gate_up is buffer
+    assert sliced.slots.slots.tolist() == second.tolist()
+    fresh = SlicedMLP(adapter_for(model).ffn(0).mlp)
+    fresh.set_index(second)
+    assert torch.equal(sliced(x), fresh(x))  # bit for bit: the same order as a fresh start
+    torch.testing.assert_close(moved, fresh(x), atol=1e-5, rtol=1e-5)
