@@ -3,7 +3,9 @@
 - `plugin`: the vLLM model plugin (`vllm.general_plugins` entry point): Llama and Qwen2 model
   classes that keep their MLP weights for slicing and route every forward through a session.
 - `host`: the vLLM side of the method glue (`bwprune.methods.host`): where vLLM's layers keep
-  their FFN and thresholded hidden states, and its flat token layout.
+  their FFN and thresholded hidden states, and its flat token layout; `packed`: kept neurons in
+  vLLM's CPU MoE kernel, written in place; `ffn_route`: every FFN as one opaque op, so a compiled
+  engine keeps the method's decisions.
 - `session`: per forward, which requests run, which of their tokens are prompt or decode, and
   the method's lifecycle driven from that (`bwprune.engine.protocol.MethodDriver`).
 - `runner`: a benchmark's batches through `vllm.LLM` (in this process), with the HF runner's

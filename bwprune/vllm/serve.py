@@ -32,6 +32,7 @@ from bwprune.engine.protocol import MethodDriver
 from bwprune.generation.prepared import PreparedModel, prepare_loaded
 from bwprune.methods.host import decides_per_forward
 from bwprune.models.loading import load_model
+from bwprune.vllm.host import compilable
 from bwprune.vllm.server import ServeSettings, launched
 from bwprune.vllm.support import refuse_unsupported
 
@@ -56,18 +57,27 @@ def export_served(cfg: DictConfig, folder: Path) -> PreparedModel:
     return prepared
 
 
+def served_compiled(cfg: DictConfig, method) -> bool:
+    """Whether the server compiles: a server lives long, so it compiles on CPU too unless told
+    `generation.vllm.compile=false`, and a method runs compiled where its decisions live inside
+    the FFN's op (`bwprune.vllm.host.compilable`; TEAL runs eager)."""
+    return str(cfg.generation.vllm.compile).lower() != "false" and compilable(method)
+
+
 def server_command(cfg: DictConfig, folder: Path, ledger: Path, method, name: str) -> list[str]:
-    """`vllm serve` for the exported `folder`: `batch_size` seats, eager when the method decides
-    per forward, prefix caching off then (a cached prompt is never scored). The model answers to
-    SERVED_NAME and to `name`, this launch's own (`bwprune.vllm.server.wait_ready`)."""
+    """`vllm serve` for the exported `folder`: `batch_size` seats, compiled unless
+    `generation.vllm.compile=false` or the method decides outside the FFN's op (`served_compiled`),
+    prefix caching off when the method decides per forward (a cached prompt is never scored).
+    The model answers to SERVED_NAME and to `name`, this launch's own
+    (`bwprune.vllm.server.wait_ready`)."""
     from bwprune.vllm.plugin import ARCHITECTURES
     from bwprune.vllm.runner import UNMIXED
 
     settings = ServeSettings.from_config(cfg)
     config = json.loads((folder / "config.json").read_text())
-    per_forward = decides_per_forward(method)
+    per_forward, compiled = decides_per_forward(method), served_compiled(cfg, method)
     longest = cfg.generation.vllm.max_model_len or config["max_position_embeddings"]
-    bwprune = {"state": str(folder / STATE), "ledger": str(ledger)}
+    bwprune = {"state": str(folder / STATE), "ledger": str(ledger), "compiled": compiled}
     architecture = ARCHITECTURES[config["architectures"][0]]
     return [
         # vLLM's API server itself: the `vllm` command looks up a package named vllm, and the
@@ -85,7 +95,8 @@ def server_command(cfg: DictConfig, folder: Path, ledger: Path, method, name: st
         "--worker-cls", "bwprune.vllm.worker.ServingWorker",
         "--hf-overrides", json.dumps({"architectures": [architecture]}),
         "--additional-config", json.dumps({"bwprune": bwprune}),
-        *(["--enforce-eager", "--no-enable-prefix-caching"] if per_forward else []),
+        *([] if compiled else ["--enforce-eager"]),
+        *(["--no-enable-prefix-caching"] if per_forward else []),
     ]  # fmt: skip
 
 
@@ -116,7 +127,7 @@ def bind_served(runner, additional_config: dict | None) -> ExitStack | None:
     state = torch.load(settings["state"], weights_only=False)
     method, ledger = state["method"], state["ledger"]
     model, device = runner.model, torch.device(runner.device)
-    host = VLLMHost(method, compiled=False)
+    host = VLLMHost(method, compiled=bool(settings.get("compiled", False)))
     driver = MethodDriver(method, model, None, ledger, host)
     stack = ExitStack()
     out = stack.enter_context(open(settings["ledger"], "a", encoding="utf-8"))  # noqa: SIM115

@@ -49,6 +49,29 @@ def settings_on(port: int, startup_s: float = 60) -> ServeSettings:
     return ServeSettings("127.0.0.1", port, startup_s, drain_s=1, stop_s=5, kv_cache_gib=1)
 
 
+@pytest.mark.parametrize("name, compile_, eager, cached", [
+    ("dense", "auto", False, True), ("ours", "auto", False, False),
+    ("griffin", "auto", False, False), ("cats", "auto", False, False),
+    ("teal", "auto", True, False), ("ours", "false", True, False),
+])  # fmt: skip
+def test_a_server_compiles_what_keeps_its_decisions_in_the_ffn(tmp_path, name, compile_, eager,
+                                                               cached):  # fmt: skip
+    """Ours, Griffin and CATS decide inside the FFN's op and are served compiled like dense;
+    TEAL masks attention's inputs and runs eager; prefix caching only for a fixed model."""
+    from bwprune.config import build_method
+    from bwprune.vllm.serve import server_command
+
+    cfg = serve_cfg(f"method={name}", f"generation.vllm.compile={compile_}")
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 512}))  # fmt: skip
+    command = server_command(cfg, tmp_path, tmp_path / "ledger.jsonl", build_method(cfg.method),
+                             "bwprune-x")  # fmt: skip
+    assert ("--enforce-eager" in command) == eager
+    assert ("--no-enable-prefix-caching" not in command) == cached
+    config = json.loads(command[command.index("--additional-config") + 1])
+    assert config["bwprune"]["compiled"] is not eager
+
+
 def test_a_taken_port_is_refused_in_one_line():
     with impostor(["bwprune"]) as port, pytest.raises(UserError) as refused:
         refuse_taken(settings_on(port))
