@@ -38,6 +38,7 @@ from bwprune.generation.timing import StepTimer
 from bwprune.vllm.host import VLLMHost
 
 T = TypeVar("T")
+PREEMPTED_ROOM = 2  # a stream's slots per vLLM seat (`StreamSession`)
 
 
 @dataclass(frozen=True)
@@ -181,9 +182,16 @@ class StreamSession:
                  progress: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
         """`slots`: vLLM's `max_num_seqs`; `on_leave(request id, ledger summary)` is called as
         each request leaves the stream (a server's; without it, `release` hands summaries back);
-        `progress(step, live rows)` before every decode forward."""
+        `progress(step, live rows)` before every decode forward.
+
+        The method gets `PREEMPTED_ROOM` times as many slots as vLLM has seats: a request vLLM
+        preempts (its KV cache full) keeps its slot and its ledger while it waits, to be
+        recomputed whole into that slot, and meanwhile vLLM may seat new requests (its waiting
+        queue skips a preempted request that is not ready to resume). A slot no request runs in
+        sits out every forward, so the extra slots change no decision."""
         self.driver, self.host, self.runner = driver, host, runner
         self.on_leave, self.progress, self.device = on_leave, progress, device
+        slots *= PREEMPTED_ROOM
         self.slots: list[str | None] = [None] * slots  # the request in each slot
         self.summaries: dict[str, dict] = {}  # request id -> ledger summary, left, not released
         self.step = 0  # decode forwards so far: the stream's clock
@@ -251,8 +259,18 @@ class StreamSession:
 
     def _enter(self, batch: ForwardBatch, device: torch.device, run: Callable[[], T]) -> T:
         """Arriving requests take free slots in vLLM's order (a recomputed one keeps its own)."""
-        free = iter(i for i, r in enumerate(self.slots) if r is None)
-        slots = [self.slots.index(r) if r in self.slots else next(free) for r in batch.req_ids]
+        free = [i for i, r in enumerate(self.slots) if r is None]
+        new = [r for r in batch.req_ids if r not in self.slots]
+        if len(new) > len(free):
+            held = sum(r is not None for r in self.slots)
+            raise UserError(
+                f"{held} requests hold the stream's {len(self.slots)} slots ({PREEMPTED_ROOM}x "
+                f"vLLM's seats, room for requests vLLM preempted) and {len(new)} more arrive: "
+                "more requests are preempted than the method can follow; give vLLM a larger "
+                "KV cache (generation.vllm.kv_cache_gib, serve.kv_cache_gib)"
+            )
+        taken = iter(free)
+        slots = [self.slots.index(r) if r in self.slots else next(taken) for r in batch.req_ids]
         for slot, request in zip(slots, batch.req_ids):
             self.slots[slot] = request
         valid = place_prompts(batch, self.host, device)
