@@ -194,8 +194,9 @@ def stream_fidelity(runs: pd.DataFrame) -> Figure:
 
 def _served(records: pd.DataFrame, x: str, xlabel: str, rows: tuple, rates: bool) -> Figure:
     """Load-test records (`bwprune.report.serving.load_records`): each of `rows` (column, label)
-    against `x`, a curve per method, one column of panels per benchmark, model and seats;
-    `rates`: each point labelled with its offered rate."""
+    against `x`, a curve per method through the median of its tests at each offered rate (each
+    test a faint point where a rate has several), one column of panels per benchmark, model and
+    seats; `rates`: each curve point labelled with its offered rate."""
     settings = sorted({tuple(r) for r in records[["benchmark", "model", "batch_size"]].values})
     fig = Figure(figsize=(4.6 * max(1, len(settings)) + 0.5, 6.0), layout="constrained")
     axes = fig.subplots(len(rows), max(1, len(settings)), squeeze=False)
@@ -205,10 +206,15 @@ def _served(records: pd.DataFrame, x: str, xlabel: str, rows: tuple, rates: bool
         for r, (col, name) in enumerate(rows):
             ax = axes[r][c]
             for method in _methods(one):
-                m = one[one["method"] == method].sort_values("rate")
-                ax.plot(m[x], m[col].astype(float), marker="o", label=method)
-                for _, p in m.iterrows() if rates else ():
-                    ax.annotate(f"{p['rate']:g}/s", (p[x], p[col]), fontsize=6, xytext=(3, 3),
+                m = one[one["method"] == method].astype({col: float})
+                line = m.groupby("rate")[[c for c in dict.fromkeys((x, col)) if c != "rate"]]
+                line = line.median().sort_index()
+                xs = line.index if x == "rate" else line[x]
+                drawn = ax.plot(xs, line[col], marker="o", label=method)
+                if len(m) > len(line):
+                    ax.scatter(m[x], m[col], s=10, alpha=0.35, color=drawn[0].get_color())
+                for rate, px, py in zip(line.index, xs, line[col]) if rates else ():
+                    ax.annotate(f"{rate:g}/s", (px, py), fontsize=6, xytext=(3, 3),
                                 textcoords="offset points")  # fmt: skip
             ax.set(xlabel=xlabel, ylabel=name, title=f"{benchmark}, {model}, {seats} seats")
             ax.grid(alpha=0.3)
