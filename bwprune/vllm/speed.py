@@ -78,3 +78,56 @@ def _vllm_once(engine: VLLMRunner, driver, ids, attn, new_tokens: int) -> dict:
         "sparsity": combine(c.sparsity for c in completions),
         "phases": timing.phases,
     }
+
+
+def measure_ffn_kernels(hidden: int, d_ff: int, kept: int, layers: int, batch_sizes: list[int],
+                        repeats: int, seed: int = 0) -> list[dict]:  # fmt: skip
+    """The kernel choice for kept sets on this CPU (`bwprune.vllm.packed`): ms for `layers` FFNs
+    of random weights (distinct per layer, so the weights stream from memory as in a model),
+    each computing `kept` of `d_ff` neurons three ways — vLLM's fused-MoE kernel on packed
+    panels, oneDNN on freshly packed kept slices (what the host did before #43), plain
+    `F.linear` on the slices — and oneDNN on the whole FFN; alternated, medians of `repeats`."""
+    import statistics
+
+    import torch.nn.functional as F
+
+    from bwprune.vllm.packed import ISA, _ops
+
+    ops, gen = _ops(), torch.Generator().manual_seed(seed)
+    mats = [(torch.randn(2 * d_ff, hidden, generator=gen), torch.randn(hidden, d_ff, generator=gen))
+            for _ in range(layers)]  # fmt: skip
+    sliced = [(w[: 2 * kept].contiguous(), d[:, :kept].contiguous()) for w, d in mats]
+    packed = [(ops.cpu_prepack_moe_weight(w[None], ISA), ops.cpu_prepack_moe_weight(d[None], ISA))
+              for w, d in sliced]  # fmt: skip
+    onednn = [(ops.create_onednn_mm(w.t(), 32), ops.create_onednn_mm(d.t(), 32)) for w, d in sliced]
+    dense = [(ops.create_onednn_mm(w.t(), 32), ops.create_onednn_mm(d.t(), 32)) for w, d in mats]
+
+    def glu(x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def run(kind: str, x: torch.Tensor) -> None:
+        ones, zeros = x.new_ones(len(x), 1), torch.zeros(len(x), 1, dtype=torch.int32)
+        for i in range(layers):
+            if kind == "moe_packed":
+                ops.cpu_fused_moe(torch.empty_like(x), x, *packed[i], None, None, ones, zeros,
+                                  "silu", ISA, False)  # fmt: skip
+            elif kind == "linear_sliced":
+                F.linear(glu(F.linear(x, sliced[i][0])), sliced[i][1])
+            else:
+                g, d = (onednn if kind == "onednn_sliced" else dense)[i]
+                ops.onednn_mm(d, glu(ops.onednn_mm(g, x, None)), None)
+
+    kinds = ["moe_packed", "onednn_sliced", "linear_sliced", "onednn_dense"]
+    rows = []
+    for batch in batch_sizes:
+        x = torch.randn(batch, hidden, generator=gen)
+        times: dict[str, list[float]] = {k: [] for k in kinds}
+        for rep in range(repeats + 1):  # the first round warms up
+            for kind in kinds if rep % 2 else kinds[::-1]:
+                start = time.perf_counter()
+                run(kind, x)
+                if rep:
+                    times[kind].append(1e3 * (time.perf_counter() - start))
+        rows.append({"batch_size": batch, **{k: statistics.median(v) for k, v in times.items()}})
+    return rows

@@ -1,0 +1,36 @@
+"""Which kernel runs a kept set on this CPU (docs/vllm.md): ms for the model's FFNs at ρ.
+
+    python scripts/bench_ffn_kernels.py [config overrides, e.g. sparsity=0.5 model=smollm2_135m]
+
+Times, alternated over random weights of the model's FFN shape (every layer its own), vLLM's
+fused-MoE kernel on packed panels (what the vLLM host runs), oneDNN on kept slices packed anew
+(what it ran before #43), plain `F.linear` on the slices, and oneDNN on the whole FFN.
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+from bwprune.config import compose_config
+from bwprune.methods.neuron_scores import kept_count
+from bwprune.models.loading import load_model
+from bwprune.vllm.speed import measure_ffn_kernels
+
+ROOT = Path(__file__).resolve().parent.parent
+
+if __name__ == "__main__":
+    cfg = compose_config(ROOT / "conf", ["+bench=default", *sys.argv[1:]])
+    torch.set_num_threads(cfg.bench.threads)
+    config = load_model(cfg.model, cfg.paths.cache_dir)[0].config
+    d_ff = config.intermediate_size
+    rows = measure_ffn_kernels(config.hidden_size, d_ff, kept_count(d_ff, cfg.sparsity),
+                               config.num_hidden_layers, [1, 4, 16], repeats=15)  # fmt: skip
+    print(
+        f"{cfg.model.name}: {config.num_hidden_layers} FFNs {config.hidden_size} -> {d_ff}, "
+        f"{kept_count(d_ff, cfg.sparsity)} kept, {torch.get_num_threads()} threads; ms, medians"
+    )
+    print("| batch | " + " | ".join(k for k in rows[0] if k != "batch_size") + " |")
+    for r in rows:
+        print(f"| {r['batch_size']} | " + " | ".join(f"{v:.2f}" for k, v in r.items()
+                                                     if k != "batch_size") + " |")  # fmt: skip
