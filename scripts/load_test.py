@@ -15,9 +15,8 @@ import sys
 from pathlib import Path
 
 from bwprune.config import compose_config
-from bwprune.errors import UserError
 from bwprune.vllm.load import load_test
-from bwprune.vllm.server import stopped_by_signals
+from bwprune.vllm.server import run_until_signal
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,10 +37,6 @@ def main(overrides: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        with stopped_by_signals():
-            main(sys.argv[1:])
-    except UserError as e:
-        sys.exit(f"error: {e}")
-    except KeyboardInterrupt as e:
-        sys.exit(f"stopped ({e}): the complete records are kept; the same command runs the rest")
+    run_until_signal(
+        main, sys.argv[1:], "the complete records are kept; the same command runs the rest"
+    )

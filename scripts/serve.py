@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bwprune.config import compose_config
 from bwprune.errors import UserError
-from bwprune.vllm.server import ServeSettings, refuse_taken, stopped_by_signals
+from bwprune.vllm.server import ServeSettings, refuse_taken, run_until_signal
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,10 +39,4 @@ def main(overrides: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        with stopped_by_signals():
-            main(sys.argv[1:])
-    except UserError as e:
-        sys.exit(f"error: {e}")
-    except KeyboardInterrupt:
-        pass
+    run_until_signal(main, sys.argv[1:], None)

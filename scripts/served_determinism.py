@@ -12,7 +12,7 @@ from pathlib import Path
 
 from bwprune.config import compose_config
 from bwprune.errors import UserError
-from bwprune.vllm.server import stopped_by_signals
+from bwprune.vllm.server import run_until_signal
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,10 +37,4 @@ def main(overrides: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        with stopped_by_signals():
-            main(sys.argv[1:])
-    except UserError as e:
-        sys.exit(f"error: {e}")
-    except KeyboardInterrupt as e:
-        sys.exit(f"stopped ({e}): the server is stopped; the methods done are recorded")
+    run_until_signal(main, sys.argv[1:], "the server is stopped; the methods done are recorded")

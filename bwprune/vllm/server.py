@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,3 +208,17 @@ def stopped_by_signals() -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def run_until_signal(main: Callable[[list[str]], None], args: list[str],
+                     stopped: str | None) -> None:  # fmt: skip
+    """A serving script's entry: `main(args)` inside `stopped_by_signals`; a `UserError` exits
+    with its one line, a stop with `stopped` (what was kept), or quietly when None."""
+    try:
+        with stopped_by_signals():
+            main(args)
+    except UserError as e:
+        sys.exit(f"error: {e}")
+    except KeyboardInterrupt as e:
+        if stopped is not None:
+            sys.exit(f"stopped ({e}): {stopped}")
