@@ -13,11 +13,13 @@ does around it, as an HF step includes the loop's own work. One engine serves ev
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 
 from bwprune.engine.ledger import SparsityLedger
 from bwprune.engine.realized import combine
@@ -26,6 +28,7 @@ from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.generation.speed import run_once, timed_rows
 from bwprune.generation.timing import Precision
 from bwprune.methods.base import PruningMethod
+from bwprune.vllm.packed import ISA, _ops
 from bwprune.vllm.runner import VLLMRunner
 
 
@@ -87,12 +90,6 @@ def measure_ffn_kernels(hidden: int, d_ff: int, kept: int, layers: int, batch_si
     each computing `kept` of `d_ff` neurons three ways — vLLM's fused-MoE kernel on packed
     panels, oneDNN on freshly packed kept slices (what the host did before #43), plain
     `F.linear` on the slices — and oneDNN on the whole FFN; alternated, medians of `repeats`."""
-    import statistics
-
-    import torch.nn.functional as F
-
-    from bwprune.vllm.packed import ISA, _ops
-
     ops, gen = _ops(), torch.Generator().manual_seed(seed)
     mats = [(torch.randn(2 * d_ff, hidden, generator=gen), torch.randn(hidden, d_ff, generator=gen))
             for _ in range(layers)]  # fmt: skip
