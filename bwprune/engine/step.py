@@ -6,7 +6,9 @@ KV cache, a fixed-size attention mask), compiled once per shape with `torch.comp
 Python overhead that dominates an eager decode step of a 7-8B model at small batch. A method's
 hooks run inside it (threshold methods add what they skip into tensors kept per batch size); its
 policy (schedule, mask refresh) runs between steps in the driver. A step whose hooks write Python
-state (`PruningMethod.capturable` is False) runs eager: capture would replay it without the writes.
+state (`PruningMethod.capturable` is False: observers of the FFN activation) runs compiled where
+the sliced FFNs are opaque ops (`bwprune.models.ffn_op`: off CUDA), which call the observers at
+run time, and eager under CUDA graphs, whose replay would skip the writes.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torch import nn
 
 from bwprune.engine.cache import SlotCache
 from bwprune.errors import choices_error
+from bwprune.models import ffn_op
 
 log = logging.getLogger(__name__)
 COMPILE = ("auto", "true", "false")
@@ -39,8 +42,9 @@ class DecodeStep:
         self.model = model
         self.compiled = compiled
         self._said_eager = False  # one log line the first time a compiled run steps eager
-        cuda = next(model.parameters()).device.type == "cuda"
-        self._graphs = compiled and cuda and backend == "inductor"  # replayed from CUDA graphs
+        device = next(model.parameters()).device
+        self._graphs = compiled and device.type == "cuda" and backend == "inductor"  # replayed
+        self._opaque = ffn_op.opaque(device)  # a sliced FFN's state-keeping glue runs at run time
         if compiled:
             # One graph per (rows, cache length, kept sizes, dense/sparse) and per runner: the
             # default limit of 8 per code object would silently fall back to eager.
@@ -62,7 +66,7 @@ class DecodeStep:
         capturable: bool = True,
     ) -> torch.Tensor:
         """(B,) tokens at (B, 1) positions -> (B, V) next-token logits."""
-        if self.compiled and capturable:
+        if self.compiled and (capturable or self._opaque):
             if not self._graphs:
                 return self._compiled(cache.inputs(), token, mask, position)
             # A replay writes its outputs where the next replay writes again: each step starts a

@@ -34,14 +34,21 @@ class SlotWrites:
     def __len__(self) -> int:
         return int(self.slots.numel())
 
-    def gather(self, weight: torch.Tensor, dim: int = 0) -> torch.Tensor:
-        """`weight`'s rows (dim 0) or columns (dim 1) of the written neurons, zeros for `EMPTY`."""
-        if self.entered == len(self):  # no slot is emptied: every neuron is a real one
-            return weight.index_select(dim, self.neurons)
-        picked = weight.index_select(dim, self.neurons.clamp_min(0))
+    def gather(self, weight: torch.Tensor, dim: int = 0, parts: int = 1) -> torch.Tensor:
+        """`weight`'s rows (dim 0) or columns (dim 1) of the written neurons, zeros for `EMPTY`.
+        `parts`: `weight` stacks that many FFN-sized blocks along `dim` (gate|up: 2); the
+        written neurons' rows of each block come block after block, in one gather."""
+        full = self.entered == len(self)  # no slot is emptied: every neuron is a real one
+        neurons = self.neurons if full else self.neurons.clamp_min(0)
+        if parts > 1:
+            block = weight.shape[dim] // parts
+            neurons = torch.cat([neurons + j * block for j in range(parts)])
+        picked = weight.index_select(dim, neurons)
+        if full:
+            return picked
         shape = [1, 1]
         shape[dim] = -1
-        return picked.masked_fill((self.neurons < 0).view(shape), 0)
+        return picked.masked_fill((self.neurons < 0).repeat(parts).view(shape), 0)
 
 
 def capacity(kept: int, align: int) -> int:

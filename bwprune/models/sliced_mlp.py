@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bwprune.models import ffn_op
 from bwprune.models.kept_slots import KeptSlots, SlotWrites
 
 
@@ -118,11 +119,15 @@ class KeptFFN(nn.Module):
 
 
 class SlicedMLP(KeptFFN):
-    """Wraps an HF gated MLP (gate_proj, up_proj, down_proj, act_fn); same output when dense."""
+    """Wraps an HF gated MLP (gate_proj, up_proj, down_proj, act_fn); same output when dense.
+    Traced by a compiled step off CUDA it is the opaque op `bwprune::ffn` (`ffn_op`), so the
+    step runs the kept set and the observers in force at each call, in one graph."""
 
     def __init__(self, mlp: nn.Module) -> None:
         super().__init__(mlp.gate_proj.out_features)
         self.mlp = mlp
+        self.opaque = ffn_op.opaque(mlp.gate_proj.weight.device)
+        self.handle = ffn_op.register(self)
         self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
         self.act_fn = mlp.act_fn
 
@@ -137,3 +142,8 @@ class SlicedMLP(KeptFFN):
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.opaque and torch.compiler.is_compiling():
+            return torch.ops.bwprune.ffn(x, self.handle)
+        return super().forward(x)

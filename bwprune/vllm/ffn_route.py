@@ -3,26 +3,24 @@
 vLLM compiles its decoder once, at warm-up, with no guards: Python inside the traced region —
 which MLP module a layer holds, whether a kept set is in force, a hook that observes — is frozen
 as it was then. So the plugin (`bwprune.vllm.plugin`) makes each layer's MLP call the custom op
-`bwprune::ffn(x, handle)` while it is traced. Dynamo and inductor see an op of fixed shape
-(tokens × hidden in, the same out) and call it as it is at run time; inside, the layer's `FFNRoute`
-runs whatever a host put there — the kept set over its persistent buffers, or the dense MLP with
-the method's observers and masks on its projections — eagerly, every forward. On a GPU the op is
+`bwprune::ffn(x, handle)` (`bwprune.models.ffn_op`) while it is traced. Dynamo and inductor see an
+op of fixed shape (tokens × hidden in, the same out) and call it as it is at run time; inside, the
+layer's `FFNRoute` runs whatever a host put there — the kept set over its persistent buffers, or
+the dense MLP with the method's observers and masks on its projections — eagerly, every forward. On a GPU the op is
 also one of vLLM's splitting ops (`SPLITTING_OP`), so piecewise CUDA graphs are captured around
 it, never through it. Run eager, the MLP calls its route directly (no op dispatch).
 """
 
 from __future__ import annotations
 
-import itertools
-import weakref
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
-SPLITTING_OP = "bwprune::ffn"
-_ROUTES: dict[int, weakref.ref] = {}  # handle -> the FFNRoute of one layer of a live model
-_HANDLES = itertools.count()
+from bwprune.models import ffn_op
+
+SPLITTING_OP = ffn_op.OP
 
 
 class FFNRoute:
@@ -32,23 +30,10 @@ class FFNRoute:
     def __init__(self, dense: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self.dense = dense
         self.impl: Callable[[torch.Tensor], torch.Tensor] | None = None
-        self.handle = next(_HANDLES)
-        _ROUTES[self.handle] = weakref.ref(self)
-        weakref.finalize(self, _ROUTES.pop, self.handle, None)
+        self.handle = ffn_op.register(self)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return (self.dense if self.impl is None else self.impl)(x)
-
-
-@torch.library.custom_op("bwprune::ffn", mutates_args=())
-def ffn(x: torch.Tensor, handle: int) -> torch.Tensor:
-    """Layer `handle`'s FFN of (T, H) `x`, as its route stands now."""
-    return _ROUTES[handle]()(x)
-
-
-@ffn.register_fake
-def _(x: torch.Tensor, handle: int) -> torch.Tensor:
-    return torch.empty_like(x)
 
 
 class RoutedMLP:

@@ -45,7 +45,8 @@ class SlicedMLP(KeptFFN):
         super().__init__(d_ff, packed.ALIGN if in_kernel else 1)
         self.packed, self.down_bias = in_kernel, down_bias
         self.mlp, self.act_fn = mlp, mlp.act_fn
-        self.gate, self.up, self.down = gate_up[:d_ff], gate_up[d_ff:], down  # (D_ff, H), (H, D_ff)
+        self.gate_up, self.down = gate_up, down  # (2 D_ff, H): gate rows then up rows; (H, D_ff)
+        self.gate, self.up = gate_up[:d_ff], gate_up[d_ff:]
         self.down_t: torch.Tensor | None = None
         self.gate_bias, self.up_bias = (None, None) if gate_up_bias is None else \
             (gate_up_bias[:d_ff], gate_up_bias[d_ff:])  # fmt: skip
@@ -54,7 +55,7 @@ class SlicedMLP(KeptFFN):
         if self.packed and packed.fits(self.down.shape[0], slots):
             if self.down_t is None:  # once: the packed writes read down columns as rows
                 self.down_t = self.down.t().contiguous()
-            return packed.PackedKeptWeights(self.gate, self.up, self.down_t, slots)
+            return packed.PackedKeptWeights(self.gate_up, self.down_t, slots)
         return KeptWeights(self.gate, self.up, self.down,
                            (self.gate_bias, self.up_bias, self.down_bias), self.act_fn,
                            slots)  # fmt: skip

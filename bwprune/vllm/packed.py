@@ -66,42 +66,56 @@ def panel_width(rows: int, cols: int) -> int | None:
     return None
 
 
+class _Routes:
+    """Every token to the one expert with weight 1: views of two tensors shared by every layer
+    and grown (doubled) on demand, so they hold as much as the longest forward needs. (A tensor
+    per token count and layer grew a preempting server's worker by 513 MiB in 1000 requests:
+    every recomputed prompt has a count of its own.)"""
+
+    def __init__(self) -> None:
+        self.weight = torch.ones(0, 1)
+        self.expert = torch.zeros(0, 1, dtype=torch.int32)
+
+    def take(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if tokens > len(self.weight):
+            size = max(tokens, 2 * len(self.weight))
+            self.weight = torch.ones(size, 1)
+            self.expert = torch.zeros(size, 1, dtype=torch.int32)
+        return self.weight[:tokens], self.expert[:tokens]
+
+
+_ROUTES = _Routes()
+
+
 class PackedKeptWeights:
     """C slots of a gated FFN in the kernel's packed layout, written slot by slot."""
 
-    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down_t: torch.Tensor,
-                 slots: int) -> None:  # fmt: skip
-        """`gate`, `up`, `down_t`: (D_ff, H), the down projection transposed (a neuron's down
-        column is then a contiguous row: gathering columns cost 5x more): the sources slots
-        are written from."""
-        hidden = gate.shape[1]
-        self.sources, self.slots, self.hidden = (gate, up, down_t), slots, hidden
-        self.w13 = gate.new_zeros(1, 2 * slots, hidden)  # zeros pack to zeros in any layout
+    def __init__(self, gate_up: torch.Tensor, down_t: torch.Tensor, slots: int) -> None:
+        """`gate_up`: (2 D_ff, H), gate rows then up rows; `down_t`: (D_ff, H), the down
+        projection transposed (a neuron's down column is then a contiguous row: gathering
+        columns cost 5x more): the sources slots are written from."""
+        hidden = gate_up.shape[1]
+        self.sources, self.slots, self.hidden = (gate_up, down_t), slots, hidden
+        self.w13 = gate_up.new_zeros(1, 2 * slots, hidden)  # zeros pack to zeros in any layout
         self.w2 = down_t.new_zeros(1, hidden, slots)
         self.p13, self.p2 = panel_width(2 * slots, hidden), panel_width(hidden, slots)
-        self._routes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # tokens -> (w, ids)
 
     @torch.no_grad()
     def write(self, writes: SlotWrites) -> None:
         """Each written slot's gate and up rows and down column, straight into their panels:
         (r, c) of a weight packed in panels of P lives at [r // P, c, r % P] of the packed
-        tensor seen as (rows / P, cols, P)."""
-        (gate, up, down_t), slots = self.sources, writes.slots
+        tensor seen as (rows / P, cols, P). The slots come in ascending order, so rows of one
+        panel are written one after another while its cache lines are still near."""
+        (gate_up, down_t), slots = self.sources, writes.slots
         rows = torch.cat([slots, slots + self.slots])  # gate rows, then up rows
         w13 = self.w13.view(-1, self.hidden, self.p13)
-        w13[rows // self.p13, :, rows % self.p13] = torch.cat([writes.gather(gate),
-                                                               writes.gather(up)])  # fmt: skip
-        w2 = self.w2.view(-1, self.slots, self.p2)  # (H / P, C, P): slot s is [:, s, :]
-        columns = writes.gather(down_t).t()  # (H, W)
-        w2[:, slots, :] = columns.reshape(-1, self.p2, len(slots)).transpose(1, 2)
+        w13[rows // self.p13, :, rows % self.p13] = writes.gather(gate_up, parts=2)
+        by_slot = self.w2.view(-1, self.slots, self.p2).transpose(0, 1)  # (C, H / P, P)
+        by_slot.index_copy_(0, slots, writes.gather(down_t).view(len(slots), -1, self.p2))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """(T, H) -> (T, H): every token through the one expert, weight 1."""
-        tokens = x.shape[0]
-        if tokens not in self._routes:
-            self._routes[tokens] = (x.new_ones(tokens, 1),
-                                    torch.zeros(tokens, 1, dtype=torch.int32))  # fmt: skip
-        weight, expert = self._routes[tokens]
+        weight, expert = _ROUTES.take(x.shape[0])
         out = torch.empty_like(x)
         _ops().cpu_fused_moe(out, x.contiguous(), self.w13, self.w2, None, None, weight, expert,
                              "silu", ISA, False)  # fmt: skip

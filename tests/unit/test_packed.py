@@ -23,7 +23,8 @@ def test_the_panel_layout_is_read_off_the_kernel():
 def test_slot_writes_equal_a_fresh_pack_and_compute_the_kept_ffn():
     torch.manual_seed(0)
     d_ff, hidden = 256, 64
-    gate, up = torch.randn(d_ff, hidden) / 8, torch.randn(d_ff, hidden) / 8
+    gate_up = torch.randn(2 * d_ff, hidden) / 8
+    gate, up = gate_up[:d_ff], gate_up[d_ff:]
     down = torch.randn(hidden, d_ff) / 16
     slots, weights = KeptSlots(d_ff, packed.ALIGN), None
     g = torch.Generator().manual_seed(1)
@@ -32,7 +33,7 @@ def test_slot_writes_equal_a_fresh_pack_and_compute_the_kept_ffn():
         index = torch.randperm(d_ff, generator=g)[:k]
         writes = slots.assign(index)
         if writes.refill:
-            weights = packed.PackedKeptWeights(gate, up, down.t().contiguous(), slots.capacity)
+            weights = packed.PackedKeptWeights(gate_up, down.t().contiguous(), slots.capacity)
         weights.write(writes)
         held = slots.slots.clamp_min(0)
         live = (slots.slots >= 0).float()

@@ -1,0 +1,52 @@
+"""One layer's FFN as an opaque op, so a compiled forward runs the method's FFN glue as it stands.
+
+A compiled forward freezes the Python it traced: which kept set is in force, whether an observer
+on the down projection records Z. Both engines therefore call a layer's FFN through the custom op
+`bwprune::ffn(x, handle)` while they are traced: Dynamo and inductor see an op of fixed shape (x
+in, the same shape out) and call it at run time, and inside it the registered FFN runs eagerly —
+the kept set over its persistent buffers, or the dense MLP with the method's observers — at every
+forward. What `handle` names is registered here (`register`), held weakly, so a model that goes
+away takes its FFNs with it. Used by the HF loop's sliced MLP (`bwprune.models.sliced_mlp`) and by
+vLLM's routed MLPs (`bwprune.vllm.ffn_route`).
+
+A CUDA graph would replay the op's first run instead of calling it, so where a step is captured
+into graphs (on CUDA) the sliced MLP is traced through instead (`opaque`), and a step whose FFN
+observers keep state runs eager there (`bwprune.engine.step`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Callable
+
+import torch
+
+OP = "bwprune::ffn"
+_FFNS: dict[int, weakref.ref] = {}  # handle -> one layer's FFN (a callable of x)
+_HANDLES = itertools.count()
+
+
+def register(ffn: Callable[[torch.Tensor], torch.Tensor]) -> int:
+    """A handle for `ffn` (held weakly: unregistered when it is collected)."""
+    handle = next(_HANDLES)
+    _FFNS[handle] = weakref.ref(ffn)
+    weakref.finalize(ffn, _FFNS.pop, handle, None)
+    return handle
+
+
+def opaque(device: torch.device) -> bool:
+    """Whether a compiled forward on `device` runs its sliced FFNs as the op: wherever the step
+    is not captured into CUDA graphs."""
+    return device.type != "cuda"
+
+
+@torch.library.custom_op(OP, mutates_args=())
+def ffn(x: torch.Tensor, handle: int) -> torch.Tensor:
+    """FFN `handle` of `x` (tokens × hidden, any leading dims), as it stands now."""
+    return _FFNS[handle]()(x)
+
+
+@ffn.register_fake
+def _(x: torch.Tensor, handle: int) -> torch.Tensor:
+    return torch.empty_like(x)
