@@ -29,7 +29,7 @@ class SlotWrites:
     slots: torch.Tensor  # (W,) long
     neurons: torch.Tensor  # (W,) long
     entered: int  # neurons that were not kept before (all of them on a refill)
-    refill: bool  # every slot written: a new capacity, or the first kept set
+    refill: bool  # every slot, in slot order (`slots` is arange): a new capacity, or a first set
 
     def __len__(self) -> int:
         return int(self.slots.numel())

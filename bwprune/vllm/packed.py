@@ -107,6 +107,11 @@ class PackedKeptWeights:
         tensor seen as (rows / P, cols, P). The slots come in ascending order, so rows of one
         panel are written one after another while its cache lines are still near."""
         (gate_up, down_t), slots = self.sources, writes.slots
+        if writes.refill:  # every slot, in order: packing them afresh streams instead of scatters
+            pack = _ops().cpu_prepack_moe_weight
+            self.w13.copy_(pack(writes.gather(gate_up, parts=2)[None], ISA))
+            self.w2.copy_(pack(writes.gather(down_t).t()[None].contiguous(), ISA))
+            return
         rows = torch.cat([slots, slots + self.slots])  # gate rows, then up rows
         w13 = self.w13.view(-1, self.hidden, self.p13)
         w13[rows // self.p13, :, rows % self.p13] = writes.gather(gate_up, parts=2)
