@@ -28,7 +28,8 @@ from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.generation.speed import run_once, timed_rows
 from bwprune.generation.timing import Precision
 from bwprune.methods.base import PruningMethod
-from bwprune.vllm.packed import ISA, _ops
+from bwprune.models.kept_slots import KeptSlots
+from bwprune.vllm.packed import ALIGN, ISA, PackedKeptWeights, _ops
 from bwprune.vllm.runner import VLLMRunner
 
 
@@ -128,3 +129,52 @@ def measure_ffn_kernels(hidden: int, d_ff: int, kept: int, layers: int, batch_si
                     times[kind].append(1e3 * (time.perf_counter() - start))
         rows.append({"batch_size": batch, **{k: statistics.median(v) for k, v in times.items()}})
     return rows
+
+
+def measure_refresh(hidden: int, d_ff: int, kept: int, layers: int, churn: float, repeats: int,
+                    seed: int = 0) -> dict:  # fmt: skip
+    """What a refresh of the vLLM host costs on one thread: `layers` packed FFNs of random
+    weights, each kept set then replacing `churn` of its neurons with random others; ms for the
+    slot bookkeeping (`KeptSlots.assign`) and for the writes into the panels, medians of
+    `repeats` refreshes, and how many of a layer's gate|up panels a refresh writes into."""
+    gen = torch.Generator().manual_seed(seed)
+    sources = [(torch.randn(2 * d_ff, hidden, generator=gen),
+                torch.randn(d_ff, hidden, generator=gen)) for _ in range(layers)]  # fmt: skip
+    slots = [KeptSlots(d_ff, ALIGN) for _ in range(layers)]
+    index = [torch.randperm(d_ff, generator=gen)[:kept] for _ in range(layers)]
+    weights = []
+    for s, i, (gate_up, down_t) in zip(slots, index, sources):
+        first = s.assign(i)  # fills every slot
+        weights.append(PackedKeptWeights(gate_up, down_t, s.capacity))
+        weights[-1].write(first)
+    moved = round(churn * kept)
+    assign_ms, write_ms, panels = [], [], []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in range(repeats):
+            for layer, i in enumerate(index):  # `moved` neurons leave, as many others enter
+                out = torch.ones(d_ff, dtype=torch.bool)
+                out[i] = False
+                others = out.nonzero().flatten()
+                stay = i[torch.randperm(kept, generator=gen)[moved:]]
+                enter = others[torch.randperm(len(others), generator=gen)[:moved]]
+                index[layer] = torch.cat([stay, enter])
+            start = time.perf_counter()
+            writes = [s.assign(i) for s, i in zip(slots, index)]
+            middle = time.perf_counter()
+            for w, wr in zip(weights, writes):
+                w.write(wr)
+            write_ms.append(1e3 * (time.perf_counter() - middle))
+            assign_ms.append(1e3 * (middle - start))
+            for w, wr in zip(weights, writes):
+                rows = torch.cat([wr.slots, wr.slots + w.slots])
+                panels.append(len(rows.div(w.p13, rounding_mode="floor").unique()))
+    finally:
+        torch.set_num_threads(threads)
+    return {
+        "bookkeeping_ms": statistics.median(assign_ms),
+        "writes_ms": statistics.median(write_ms),
+        "panels_written": statistics.fmean(panels),
+        "panels": 2 * weights[0].slots // weights[0].p13,
+    }

@@ -46,3 +46,14 @@ def test_slot_writes_equal_a_fresh_pack_and_compute_the_kept_ffn():
         reference = F.linear(F.silu(F.linear(x, gate[kept])) * F.linear(x, up[kept]),
                              down[:, kept])  # fmt: skip
         torch.testing.assert_close(weights(x), reference, atol=1e-5, rtol=1e-5)
+
+
+def test_the_refresh_probe_writes_only_the_panels_of_moved_neurons():
+    """`scripts/bench_ffn_kernels.py`'s refresh probe: with a quarter of 96 kept neurons moved,
+    the writes touch some but not all of the 2 * 96 / 16 gate|up panels."""
+    from bwprune.vllm.speed import measure_refresh
+
+    probe = measure_refresh(64, 256, 96, layers=2, churn=0.25, repeats=2)
+    assert probe["panels"] == 12
+    assert 2 <= probe["panels_written"] <= 12
+    assert probe["bookkeeping_ms"] > 0 and probe["writes_ms"] > 0
