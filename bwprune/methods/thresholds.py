@@ -119,20 +119,24 @@ class ThresholdMethod(PruningMethod):
         its site's cost to the token's row.
         """
         threshold = self.thresholds[layer][site]
+        keep = (self.scores(magnitude, tokens) > threshold).expand_as(magnitude)
         if self._ctx.phase is Phase.PREFILL:
             limit = (tokens.length * self.prefill_fraction + 1e-9).floor()
             thresholded = tokens.length - tokens.position <= limit  # (N,): last ⌊f·n⌋ tokens
-            return (magnitude > threshold) | ~thresholded[:, None]
-        if self.shared_mask:  # one mask for the batch: aggregate the counting rows, threshold
-            batch = aggregate(magnitude, tokens.counts, self.aggregate)  # (D,)
-            keep = (batch > threshold).expand_as(magnitude)
-        else:
-            keep = magnitude > threshold
+            return keep | ~thresholded[:, None]
         dropped = (~keep).sum(dim=-1, dtype=torch.float64)  # (N,)
         cost = self.costs[layer][site]
         self._ffn[:, layer].index_add_(0, tokens.rows, dropped * cost.ffn)
         self._params.index_add_(0, tokens.rows, dropped * cost.params)
         return keep
+
+    def scores(self, magnitude: torch.Tensor, tokens: Tokens) -> torch.Tensor:
+        """What `keep` compares with the threshold: the (N, D) magnitudes, or during a decode
+        step with a shared mask the (1, D) aggregate of the counting rows (one mask for the
+        batch). Public so a comparison of two engines can see each decision's margin."""
+        if self.shared_mask and self._ctx.phase is Phase.DECODE:
+            return aggregate(magnitude, tokens.counts, self.aggregate)[None]
+        return magnitude
 
     def end_step(self, ctx: StepContext) -> StepSparsity | None:
         if ctx.phase is Phase.PREFILL or not self.active:
