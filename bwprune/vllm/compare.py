@@ -1,0 +1,332 @@
+"""Two engines, one answer: what a method decides in the HF loop and in vLLM, forward by forward.
+
+`compare_batch` generates a batch once with the HF loop, then runs the same tokens through both
+engines: teacher forcing, each engine's next token is the HF completion's, chosen at the same
+forwards (the prompts' prefill, then one decode forward per token; vLLM's logits are replaced
+by the forced token's before its sampler, `forcing`). Both runs record, through the method's
+own interface (no method is named here, only the families of `bwprune.methods.host`):
+
+- the kept sets in force at every forward (neuron-set methods), as sets;
+- every keep-mask entry a threshold method decided, with the score it compared with its
+  threshold (`ThresholdMethod.scores`), tokens matched across engines by (row, position);
+- each row's ledger, and the logits that predict each forced token.
+
+A differing mask entry is a near-tie when both engines' scores lie within the engines' float
+disagreement of the threshold, that disagreement measured as the largest |Δ| between the two
+engines' scores at that site (layer, hidden state) in that forward. A kept set has no margin
+here: every differing one counts as not a near-tie. This module runs no engine of its own
+(`bwprune.generation.runner`, `bwprune.vllm.runner`) and scores nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from bwprune.benchmarks.selection import select_examples
+from bwprune.config import build, build_method, compose_config
+from bwprune.engine.protocol import MethodDriver
+from bwprune.generation.prepared import prepare_loaded
+from bwprune.generation.prompts import batch_prompts
+from bwprune.generation.runner import BatchedRunner, Completion, Forcing, SamplingConfig
+from bwprune.methods.base import Phase, Tokens
+from bwprune.methods.neuron_set import NeuronSetMethod
+from bwprune.methods.thresholds import ThresholdMethod
+from bwprune.models.loading import load_model
+from bwprune.vllm.runner import VLLMRunner
+
+SHARED = -1  # the key of a decode step's one batch-shared mask row
+
+
+@dataclass
+class Mask:
+    """One (forward, layer, site) of a threshold method: the entries it decided."""
+
+    keys: torch.Tensor  # (M,) row * 2**32 + position (prefill), row (decode), SHARED
+    scores: torch.Tensor  # (M, D) what was compared with the threshold
+    keep: torch.Tensor  # (M, D) bool
+    threshold: float
+
+
+@dataclass
+class Capture:
+    """What one engine's run decided and predicted; `origin(slots)` -> the batch rows the method's
+    slots hold now."""
+
+    origin: Callable[[torch.Tensor], torch.Tensor]
+    forwards: list[tuple[str, int]] = field(default_factory=list)
+    kept: dict[tuple[int, int], torch.Tensor | None] = field(default_factory=dict)
+    masks: dict[tuple[int, int, int], Mask] = field(default_factory=dict)
+    logits: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # (row, i) -> (V,)
+
+    def observe(self, i: int, logits: torch.Tensor, lengths: list[int]) -> None:
+        """(B, V) logits predicting every row's i-th token, rows in batch order."""
+        for row, n in enumerate(lengths):
+            if i < n:
+                self.logits[row, i] = logits[row].detach().clone()
+
+
+@contextmanager
+def capturing(driver: MethodDriver, capture: Capture) -> Iterator[Capture]:
+    """Record `driver`'s method's decisions into `capture` while inside (instance attributes
+    over the method's and the host's hooks, removed on exit)."""
+    method, host = driver.method, driver.host
+    begin_step, begin, keep = method.begin_step, host.begin, getattr(method, "keep", None)
+
+    def on_begin_step(ctx):
+        capture.forwards.append((ctx.phase.value, ctx.step))
+        return begin_step(ctx)
+
+    def on_begin(ctx, valid, slots):
+        out = begin(ctx, valid, slots)
+        f = len(capture.forwards) - 1
+        for layer, k in enumerate(method.kept):
+            capture.kept[f, layer] = None if k is None else k.sort().values.cpu()
+        return out
+
+    def on_keep(layer: int, site: int, magnitude: torch.Tensor, tokens: Tokens):
+        out = keep(layer, site, magnitude, tokens)
+        phase, _ = capture.forwards[-1]
+        scores = method.scores(magnitude, tokens)
+        if phase == Phase.DECODE.value and method.shared_mask:
+            keys, decided = torch.tensor([SHARED]), out[:1]
+        else:
+            rows = capture.origin(tokens.rows)
+            position = torch.zeros_like(rows) if tokens.position is None else tokens.position
+            counts = tokens.counts
+            keys, scores, decided = (rows * 2**32 + position)[counts], scores[counts], out[counts]
+            order = keys.argsort()
+            keys, scores, decided = keys[order], scores[order], decided[order]
+        capture.masks[len(capture.forwards) - 1, layer, site] = Mask(
+            keys.cpu(), scores.detach().cpu().clone(), decided.cpu().clone(),
+            float(method.thresholds[layer][site]),
+        )  # fmt: skip
+        return out
+
+    method.begin_step = on_begin_step
+    if isinstance(method, NeuronSetMethod):
+        host.begin = on_begin
+    if isinstance(method, ThresholdMethod) and method.active:
+        method.keep = on_keep
+    try:
+        yield capture
+    finally:
+        for owner, name in ((method, "begin_step"), (host, "begin"), (method, "keep")):
+            owner.__dict__.pop(name, None)
+
+
+def request_rows(requests: list[str]) -> dict[str, int]:
+    """vLLM request ids (`<n>-<suffix>`, n counting up in the order `LLM.generate` took the
+    prompts) -> the batch row of each."""
+    ordered = sorted(requests, key=lambda r: int(r.split("-", 1)[0]))
+    return {r: row for row, r in enumerate(ordered)}
+
+
+@contextmanager
+def forcing(vllm: VLLMRunner, tokens: list[list[int]], capture: Capture) -> Iterator[None]:
+    """vLLM's next token of each request is `tokens[row][i]`: its logits (kept in `capture`)
+    are replaced, before the sampler, by a vector that only the forced token tops."""
+    model, runner = vllm.model, vllm.model_runner
+    real, produced, width = model.compute_logits, {}, None
+
+    def compute_logits(hidden: torch.Tensor) -> torch.Tensor:
+        logits = real(hidden)
+        batch = runner.input_batch
+        requests = list(batch.req_ids[: batch.num_reqs])
+        rows = request_rows(model.bwprune_session.rows)
+        forced = torch.full_like(logits, float("-inf"))
+        for j, r in enumerate(requests):
+            row = rows[r]
+            i = produced[r] = produced.get(r, -1) + 1
+            capture.logits[row, i] = logits[j, :width].detach().clone()
+            forced[j, tokens[row][i]] = 0.0
+        return forced
+
+    width = vllm.prepared.model.config.vocab_size
+    model.compute_logits = compute_logits
+    try:
+        yield
+    finally:
+        del model.compute_logits
+
+
+def hf_origin(driver: MethodDriver) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The HF loop's slots -> batch rows: its ledger follows compaction."""
+    return lambda slots: torch.tensor(driver.ledger.row_ids, device=slots.device)[slots]
+
+
+def vllm_origin(vllm: VLLMRunner, driver: MethodDriver) -> Callable[[torch.Tensor], torch.Tensor]:
+    """vLLM's slots -> batch rows: slot s holds the request that started in the ledger's
+    `row_ids[s]`, the session's `rows` naming the request of each starting slot."""
+
+    def origin(slots: torch.Tensor) -> torch.Tensor:
+        started = vllm.model.bwprune_session.rows
+        rows = request_rows(started)
+        of_slot = [rows[started[s]] for s in driver.ledger.row_ids]
+        return torch.tensor(of_slot, device=slots.device)[slots]
+
+    return origin
+
+
+@dataclass
+class Tally:
+    """The comparison of one method over batches (counts over all forwards, layers and sites)."""
+
+    forwards: int = 0
+    same_forwards: bool = True
+    decisions: int = 0
+    differing: int = 0
+    differing_not_near_tie: int = 0
+    max_abs_logit_diff: float = 0.0
+    kl: float = 0.0  # mean over forced tokens of KL(HF || vLLM), nats
+    kl_max: float = 0.0
+    max_rel_score_diff: float = 0.0  # largest |Δ score| / largest |score| of a site and forward
+    # ... over the sites up to the first that differs (forward, layer, site order; all sites
+    # when none does): the engines' own float disagreement, before a flip can propagate
+    float_disagreement: float = 0.0
+    ledgers_differing: int = 0
+    tokens: int = 0
+
+    def add(self, other: Tally) -> None:
+        n = self.tokens + other.tokens
+        self.kl = (self.kl * self.tokens + other.kl * other.tokens) / n if n else 0.0
+        for name in ("forwards", "decisions", "differing", "differing_not_near_tie",
+                     "ledgers_differing", "tokens"):  # fmt: skip
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("max_abs_logit_diff", "kl_max", "max_rel_score_diff", "float_disagreement"):
+            setattr(self, name, max(getattr(self, name), getattr(other, name)))
+        self.same_forwards &= other.same_forwards
+
+
+def compare_masks(a: Mask, b: Mask | None, tally: Tally) -> tuple[float, bool]:
+    """One site's keep masks, HF's `a` against vLLM's `b`: the site's relative disagreement
+    (largest |Δ score| / largest |score|; inf when the engines decided for other tokens) and
+    whether a decision differs."""
+    decided = a.keep.numel()
+    tally.decisions += decided
+    if b is None or not torch.equal(a.keys, b.keys):  # other tokens: nothing lines up
+        tally.differing += decided
+        tally.differing_not_near_tie += decided
+        return float("inf"), True
+    diff = (a.scores.double() - b.scores.double()).abs()
+    eps = float(diff.max()) if diff.numel() else 0.0
+    scale = float(a.scores.abs().max()) if a.scores.numel() else 0.0
+    rel = eps / scale if scale else eps
+    tally.max_rel_score_diff = max(tally.max_rel_score_diff, rel)
+    differ = a.keep != b.keep
+    tally.differing += int(differ.sum())
+    t = a.threshold
+    near = ((a.scores.double() - t).abs() <= eps) & ((b.scores.double() - t).abs() <= eps)
+    tally.differing_not_near_tie += int((differ & ~near).sum())
+    return rel, bool(differ.any())
+
+
+def compare_kept(
+    a: torch.Tensor | None, b: torch.Tensor | None, tally: Tally
+) -> tuple[float, bool]:
+    """One layer's kept sets (no margin is measured: a differing one is not a near-tie)."""
+    if a is None and b is None:
+        return 0.0, False
+    tally.decisions += 1
+    differ = a is None or b is None or not torch.equal(a, b)
+    tally.differing += differ
+    tally.differing_not_near_tie += differ
+    return 0.0, differ
+
+
+def compare_captures(a: Capture, b: Capture) -> Tally:
+    """HF's capture `a` against vLLM's `b`, forward by forward, layer by layer."""
+    tally = Tally(forwards=len(a.forwards), same_forwards=a.forwards == b.forwards)
+    sites = [((*key, -1), partial(compare_kept, kept, b.kept.get(key)))
+             for key, kept in a.kept.items()]  # fmt: skip
+    sites += [
+        (key, partial(compare_masks, mask, b.masks.get(key))) for key, mask in a.masks.items()
+    ]
+    flipped = False
+    for _, compare in sorted(sites, key=lambda site: site[0]):
+        rel, differ = compare(tally)
+        if not flipped:
+            tally.float_disagreement = max(tally.float_disagreement, rel)
+        flipped |= differ
+    kls = []
+    for key, x in a.logits.items():
+        y = b.logits[key]
+        tally.max_abs_logit_diff = max(tally.max_abs_logit_diff,
+                                       float((x.double() - y.double()).abs().max()))  # fmt: skip
+        p, q = x.double().log_softmax(-1), y.double().log_softmax(-1)
+        kls.append(float((p.exp() * (p - q)).sum()))
+    tally.tokens = len(kls)
+    tally.kl = sum(kls) / len(kls) if kls else 0.0
+    tally.kl_max = max(kls, default=0.0)
+    return tally
+
+
+def ledgers_differ(a: dict, b: dict, tol: float = 1e-9) -> bool:
+    if (a["decode_steps"], a["sparse_steps"]) != (b["decode_steps"], b["sparse_steps"]):
+        return True
+    values = [(a[k], b[k]) for k in ("ffn", "ffn_sparse_steps", "params")]
+    values += list(zip(a["per_layer"], b["per_layer"]))
+    return any(abs(x - y) > tol for x, y in values)
+
+
+def compare_batch(hf: BatchedRunner, vllm: VLLMRunner, driver: MethodDriver,
+                  ids: torch.Tensor, attn: torch.Tensor) -> Tally:  # fmt: skip
+    """The batch's (left-padded `ids`, `attn`) HF completions, forced through both engines:
+    `hf`'s method through `hf`, and through `vllm` by `driver` (a vLLM driver of that method)."""
+    reference, _ = hf.generate_tokens(ids, attn)
+    tokens = [c.token_ids for c in reference]
+    lengths = [len(t) for t in tokens]
+    width = max(lengths)
+    padded = torch.tensor([t + [hf.pad_id] * (width - len(t)) for t in tokens])
+    forced = Forcing(padded, torch.tensor(lengths))
+
+    mine = Capture(hf_origin(hf.driver))
+    with capturing(hf.driver, mine):
+        hf_out, _ = hf.generate_tokens(
+            ids, attn, forced=forced, observe=lambda i, x: mine.observe(i, x, lengths)
+        )
+    theirs = Capture(vllm_origin(vllm, driver))
+    with capturing(driver, theirs), forcing(vllm, tokens, theirs):
+        out, _ = vllm.generate_with(driver, ids, attn, lengths, hf.stop_ids.tolist())
+    check_forced(tokens, hf_out, out)
+    tally = compare_captures(mine, theirs)
+    tally.ledgers_differing = sum(ledgers_differ(a.sparsity, b.sparsity)
+                                  for a, b in zip(hf_out, out))  # fmt: skip
+    return tally
+
+
+def check_forced(tokens: list[list[int]], *runs: list[Completion]) -> None:
+    for run in runs:
+        got = [c.token_ids for c in run]
+        if got != tokens:
+            raise RuntimeError(f"teacher forcing failed: forced {tokens}, an engine ran {got}")
+
+
+def main(conf_dir: Path, overrides: list[str]) -> list[dict]:
+    """One method on a benchmark's selected problems (`subset`, `limit`), in batches of
+    `batch_size` (a list, e.g. `batch_size=[1,8]`: each size on the same engine): per batch
+    size, the comparison of the two engines as a JSON-able dict."""
+    cfg = compose_config(conf_dir, overrides)
+    sizes = list(cfg.batch_size) if OmegaConf.is_list(cfg.batch_size) else [cfg.batch_size]
+    cfg.batch_size = max(int(b) for b in sizes)  # the engine's seats
+    model, tokenizer = load_model(cfg.model, cfg.paths.cache_dir)
+    prepared = prepare_loaded(model, tokenizer, build_method(cfg.method))
+    hf = prepared.runner(SamplingConfig.from_config(cfg.generation), cfg.seed, cfg.generation)
+    examples = select_examples(build(cfg.benchmark).examples(), cfg)
+    prompts = batch_prompts(tokenizer, cfg.model, [(e, 0) for e in examples])
+    longest = max(hf.encode([p])[0].shape[1] for p in prompts)
+    vllm = VLLMRunner.for_run(cfg, prepared, hf, longest)
+    lines = []
+    for size in map(int, sizes):
+        tally = Tally()
+        for i in range(0, len(prompts), size):
+            tally.add(compare_batch(hf, vllm, vllm.driver, *hf.encode(prompts[i : i + size])))
+        lines.append({"method": str(cfg.method.name), "batch_size": size,
+                      "problems": len(examples), **asdict(tally)})  # fmt: skip
+    return lines
