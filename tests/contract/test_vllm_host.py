@@ -194,6 +194,24 @@ def test_a_static_batch_in_vllm_is_the_hf_hosts(engine, name):
         assert decode
 
 
+@pytest.mark.parametrize("name", METHODS)
+def test_teacher_forced_engines_decide_alike(engine, name):
+    """scripts/compare_engines.py's comparison (`bwprune.vllm.compare`): the HF completions
+    forced through both engines, every kept set and keep-mask entry, ledger and logit compared
+    forward by forward: on the tiny models nothing differs, near-tie or not."""
+    from bwprune.vllm.compare import compare_batch
+
+    method = engine.method(name)
+    engine.stop_mid_way(method)
+    driver = engine.vllm.driver_for(method, SparsityLedger(engine.prepared.adapter, "cpu"))
+    tally = compare_batch(engine.hf_runner(method), engine.vllm, driver, *engine.padded())
+    assert tally.same_forwards and tally.forwards > 1 and tally.tokens > len(PROMPTS)
+    assert (tally.differing, tally.ledgers_differing) == (0, 0)
+    assert tally.max_abs_logit_diff < 1e-3 and tally.kl < 1e-8
+    assert tally.float_disagreement < 1e-4
+    assert (tally.decisions > 0) == (name != "dense")
+
+
 STREAM = PROMPTS + [[11 + 5 * i + j for j in range(3 + 2 * i)] for i in range(5)]  # 9 prompts
 
 
