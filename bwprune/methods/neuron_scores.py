@@ -16,14 +16,16 @@ AGGREGATES = ("max", "mean")
 K_RULES = ("floor", "round")
 
 
-def unit_sq(z: torch.Tensor) -> torch.Tensor:
+def unit_sq(z: torch.Tensor, in_place: bool = False) -> torch.Tensor:
     """(..., D) FF activations -> (..., D) (z_t / ‖z_t‖₂)², each token scaled to unit L2 norm.
 
     Eq. 2's numerator, squared, per token: summed over a phase's tokens, so a token with large
-    overall activation cannot dominate.
+    overall activation cannot dominate. `in_place`: overwrite `z` (float32) with the result, the
+    same numbers without a new tensor per op, which on a large batch cost more than the math.
     """
     z = z.float()
-    return (z / z.norm(dim=-1, keepdim=True).clamp_min(1e-12)).square()
+    norm = z.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    return z.div_(norm).square_() if in_place else (z / norm).square()
 
 
 def phase_score(sum_sq: torch.Tensor, count: torch.Tensor) -> torch.Tensor:

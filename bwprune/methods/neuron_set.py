@@ -13,6 +13,7 @@ A generation's first prefill is the prompts of all its rows entering at once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
@@ -36,41 +37,107 @@ class PhaseScores:
     Rows that leave the batch mid-phase (live-row compaction, a stream's refill) keep the
     statistics they gathered while they ran, so the phase's batch score is the same whether they
     leave or stay finished.
+
+    A forward hands in its layers one by one (`add`), but a decode step's activations are tiny:
+    updating 30 layers one after another is a few hundred small ops, which on a CPU cost more
+    than the arithmetic and made an observing step several ms slower than a dense one. So the
+    activations of consecutive layers are held (by reference: a host never writes an activation
+    again once it has handed it in) and folded in with one op per statistic, when the forward's
+    tokens change, when `HELD` elements are waiting (a prefill's are large), or when the
+    statistics are read. Statistics live padded to the widest layer, `(L, B, D_max)`.
     """
 
-    def __init__(self, num_layers: int, batch_size: int) -> None:
+    HELD = 1 << 22  # activations held at most before they are folded in (16 MiB in fp32)
+
+    def __init__(self, d_ff: Sequence[int], batch_size: int) -> None:
+        self.d_ff = tuple(d_ff)
         self.batch_size = batch_size
-        self.sum_sq: list[torch.Tensor | None] = [None] * num_layers  # (B, D) each
-        self.count: list[torch.Tensor | None] = [None] * num_layers  # (B,) tokens seen
-        self._left: list[torch.Tensor] = [torch.empty(0)] * num_layers  # (R, D): rows that left
-        self._left_count: list[torch.Tensor] = [torch.empty(0)] * num_layers  # (R,)
+        self._sum_sq: torch.Tensor | None = None  # (L, B, D_max) float32
+        self._count: torch.Tensor | None = None  # (L, B) tokens seen
+        self._left: torch.Tensor | None = None  # (L, R, D_max): rows that left
+        self._left_count: torch.Tensor | None = None  # (L, R)
+        self._held: list[tuple[int, torch.Tensor]] = []  # (layer, (N, D)) not folded in yet
+        self._held_tokens: Tokens | None = None
+        self._scratch: torch.Tensor | None = None  # where held activations are stacked
 
     def add(self, layer: int, z: torch.Tensor, tokens: Tokens) -> None:
         """Accumulate layer `layer`'s (N, D) activations of the tokens that count."""
+        if tokens is not self._held_tokens:
+            self._fold()
+            self._held_tokens = tokens
+        self._held.append((layer, z))
+        if sum(h.numel() for _, h in self._held) >= self.HELD:
+            self._fold()
+
+    def _fold(self) -> None:
+        """The held activations into the statistics: one op per statistic for each run of
+        consecutive layers of one width (every layer, in a uniform model's decode step)."""
+        held, self._held = self._held, []
+        if not held:
+            return
+        tokens = self._held_tokens
+        if self._sum_sq is None:
+            z = held[0][1]
+            self._sum_sq = torch.zeros(len(self.d_ff), self.batch_size, max(self.d_ff),
+                                       dtype=torch.float32, device=z.device)  # fmt: skip
+            self._count = self._sum_sq.new_zeros(len(self.d_ff), self.batch_size)
         weight = tokens.counts.to(torch.float32)
-        if self.sum_sq[layer] is None:
-            self.sum_sq[layer] = z.new_zeros(self.batch_size, z.shape[-1], dtype=torch.float32)
-            self.count[layer] = weight.new_zeros(self.batch_size)
-        self.sum_sq[layer].index_add_(0, tokens.rows, unit_sq(z) * weight[:, None])
-        self.count[layer].index_add_(0, tokens.rows, weight)
+        start = 0
+        for end in range(1, len(held) + 1):
+            last, z = held[end - 1]
+            if end < len(held) and held[end][0] == last + 1 and held[end][1].shape == z.shape:
+                continue
+            first, width = held[start][0], z.shape[-1]
+            if end - start > 1:  # a tensor of our own: the math overwrites it
+                run = unit_sq(self._stacked([h for _, h in held[start:end]]), in_place=True)
+                run.mul_(weight[:, None])
+            else:
+                run = (unit_sq(z) * weight[:, None])[None]
+            self._sum_sq[first : last + 1, :, :width].index_add_(1, tokens.rows, run)
+            self._count[first : last + 1].index_add_(1, tokens.rows,
+                                                     weight.expand(end - start, -1))  # fmt: skip
+            start = end
+
+    def _stacked(self, held: list[torch.Tensor]) -> torch.Tensor:
+        """`held` stacked in float32, in a buffer kept while its shape recurs (a fresh one per
+        decode step would cost more than the math on it)."""
+        shape = (len(held), *held[0].shape)
+        if self._scratch is None or self._scratch.shape != shape:
+            self._scratch = held[0].new_empty(shape, dtype=torch.float32)
+        return torch.stack([h.float() for h in held], out=self._scratch)
 
     @property
     def observed(self) -> bool:
-        return self.count[0] is not None
+        self._fold()
+        return self._count is not None
+
+    @property
+    def sum_sq(self) -> list[torch.Tensor]:
+        """Per layer, (B, D) sums of `unit_sq` over each slot's tokens."""
+        self._fold()
+        return [s[:, :d] for s, d in zip(self._sum_sq, self.d_ff)]
+
+    @property
+    def count(self) -> torch.Tensor:
+        """(L, B) tokens each slot gave each layer."""
+        self._fold()
+        return self._count
 
     def scores(self, layer: int) -> torch.Tensor:
         """(rows, D) Eq. 2 scores of this phase for `layer`, rows that left first."""
-        sum_sq, count = self.sum_sq[layer], self.count[layer]
-        if len(self._left_count[layer]):
+        self._fold()
+        sum_sq, count = self._sum_sq[layer], self._count[layer]
+        if self._left is not None:
             sum_sq = torch.cat([self._left[layer], sum_sq])
             count = torch.cat([self._left_count[layer], count])
-        return phase_score(sum_sq, count)
+        return phase_score(sum_sq[:, : self.d_ff[layer]], count)
 
     @property
     def rows(self) -> torch.Tensor:
         """(rows,) rows that contributed at least one token (in `scores` order)."""
-        count = self.count[0]
-        if len(self._left_count[0]):
+        self._fold()
+        count = self._count[0]
+        if self._left is not None:
             count = torch.cat([self._left_count[0], count])
         return count > 0
 
@@ -78,42 +145,42 @@ class PhaseScores:
         """(B, D) Eq. 2 scores per slot now, and (B,) which slots observed a token in this
         phase. Rows set aside (compacted away, or whose slot a new row took) are not there; an
         emptied slot still holds what its last row gave until a row enters it."""
-        count = self.count[layer]
-        return phase_score(self.sum_sq[layer], count), count > 0
+        self._fold()
+        count = self._count[layer]
+        return phase_score(self._sum_sq[layer, :, : self.d_ff[layer]], count), count > 0
 
     def follow(self, event: RowEvent) -> None:
         """Compaction gathers the slots that go on; a refill empties the slots it takes. Either
         way the rows that left are set aside: they count in `scores`, never change."""
+        observed = self.observed  # held activations are folded into the rows they came from
         if isinstance(event, RowsGathered):
             self.batch_size = len(event.index)
-        if not self.observed or not isinstance(event, (RowsGathered, RowsEntered)):
+        if not observed or not isinstance(event, (RowsGathered, RowsEntered)):
             return
-        device = self.count[0].device
+        device = self._count.device
         if isinstance(event, RowsGathered):
             index = event.index.to(device)
-            gone = torch.ones_like(self.count[0], dtype=torch.bool)
+            gone = torch.ones(self._count.shape[1], dtype=torch.bool, device=device)
             gone[index] = False
             self._set_aside(gone)
-            self.sum_sq = [s[index] for s in self.sum_sq]
-            self.count = [c[index] for c in self.count]
+            self._sum_sq, self._count = self._sum_sq[:, index], self._count[:, index]
         else:
             slots = event.slots.to(device)
-            taken = torch.zeros_like(self.count[0], dtype=torch.bool)
+            taken = torch.zeros(self._count.shape[1], dtype=torch.bool, device=device)
             taken[slots] = True
             self._set_aside(taken)
-            self.sum_sq = [s.index_fill(0, slots, 0.0) for s in self.sum_sq]
-            self.count = [c.index_fill(0, slots, 0.0) for c in self.count]
+            self._sum_sq = self._sum_sq.index_fill(1, slots, 0.0)
+            self._count = self._count.index_fill(1, slots, 0.0)
 
     def _set_aside(self, rows: torch.Tensor) -> None:
         """Keep the statistics of `rows` (B,) bool apart."""
         if not bool(rows.any()):
             return
-        for layer, (s, c) in enumerate(zip(self.sum_sq, self.count)):
-            left, left_count = self._left[layer], self._left_count[layer]
-            self._left[layer] = torch.cat([left, s[rows]]) if len(left) else s[rows]
-            self._left_count[layer] = (
-                torch.cat([left_count, c[rows]]) if len(left_count) else c[rows]
-            )
+        sum_sq, count = self._sum_sq[:, rows], self._count[:, rows]
+        if self._left is not None:
+            sum_sq = torch.cat([self._left, sum_sq], dim=1)
+            count = torch.cat([self._left_count, count], dim=1)
+        self._left, self._left_count = sum_sq, count
 
 
 class NeuronSetMethod(PruningMethod):
@@ -152,7 +219,7 @@ class NeuronSetMethod(PruningMethod):
 
     def open_phase(self) -> None:
         """From the next forward on, observe the tokens that count into a fresh phase."""
-        self._phase = PhaseScores(len(self.shape.d_ff), len(self.slots.occupied))
+        self._phase = PhaseScores(self.shape.d_ff, len(self.slots.occupied))
 
     def close_phase(self) -> PhaseScores | None:
         """End the open phase (if any) and hand back its statistics."""

@@ -13,7 +13,7 @@ import torch
 from baselines.griffin import Griffin
 from bwprune.errors import UserError
 from bwprune.methods.base import RowsEntered, RowsGathered, Tokens
-from bwprune.methods.neuron_scores import aggregate, topk_index
+from bwprune.methods.neuron_scores import aggregate, topk_index, unit_sq
 from bwprune.methods.neuron_set import PhaseScores
 from bwprune.methods.ours import Ours
 from tests.conftest import method_from_conf, prepared, tiny_model
@@ -157,13 +157,13 @@ def test_entering_prompts_leave_the_open_phase_alone():
 
 
 def test_entering_sets_the_old_occupant_aside_like_a_row_that_left():
-    phase = PhaseScores(1, 3)
+    phase = PhaseScores([8], 3)
     phase.follow(RowsEntered(torch.tensor([0])))  # nothing observed yet: no-op
     assert not phase.observed
     z = torch.rand(12, 8)  # 3 rows of 4 tokens, flat
     tokens = Tokens(torch.arange(3).repeat_interleave(4), torch.ones(12, dtype=torch.bool))
     phase.add(0, z, tokens)
-    gathered = PhaseScores(1, 3)
+    gathered = PhaseScores([8], 3)
     gathered.add(0, z, tokens)
     phase.follow(RowsEntered(torch.tensor([1])))
     gathered.follow(RowsGathered(torch.tensor([0, 2])))
@@ -526,3 +526,21 @@ def test_griffin_reselects_from_the_prompts_of_the_rows_in_the_batch():
 def test_bad_stream_arguments(kw, message):
     with pytest.raises(UserError, match=message):
         method_from_conf("ours", sparsity=0.5, **kw)
+
+
+def test_a_forwards_layers_fold_into_the_phase_as_each_alone_would():
+    """Layers held and folded in together (one op per statistic for each run of one width)
+    give, bit for bit, each layer's own Eq. 2 sums; widths may differ from layer to layer."""
+    widths, rows = [8, 8, 6, 8], torch.tensor([0, 2, 2, 1])
+    phase = PhaseScores(widths, 3)
+    expected = [torch.zeros(3, d) for d in widths]
+    for _ in range(3):  # forwards: a new `Tokens` each, as a host makes them
+        tokens = Tokens(rows, torch.tensor([True, True, False, True]))
+        for layer, d in enumerate(widths):
+            z = torch.randn(4, d) * torch.rand(4, 1) * 10
+            phase.add(layer, z, tokens)
+            expected[layer].index_add_(0, rows, unit_sq(z) * tokens.counts.float()[:, None])
+    for layer, d in enumerate(widths):
+        assert torch.equal(phase.sum_sq[layer], expected[layer])
+        count = torch.zeros(3).index_add_(0, rows, torch.tensor([1.0, 1.0, 0.0, 1.0]))
+        assert torch.equal(phase.count[layer], 3 * count)
