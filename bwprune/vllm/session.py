@@ -81,12 +81,17 @@ class ForwardBatch:
         return all(self.scheduled(i) == 1 and c >= p
                    for i, (c, p) in enumerate(zip(self.computed, self.prompt)))  # fmt: skip
 
-    def entering(self, slots: list[str | None]) -> bool:
-        """Every request runs its prompt to the end in this forward, from its first token: a
-        request new to the stream, or one vLLM preempted and recomputes whole (it is in a slot)."""
-        rows = enumerate(zip(self.req_ids, self.computed, self.prompt))
-        return all((r not in slots or c == 0) and c + self.scheduled(i) >= p
-                   for i, (r, c, p) in rows)  # fmt: skip
+    def entering(self, slots: list[str | None], ran: dict[str, int]) -> bool:
+        """Every request runs its prompt to the end in this forward: a request new to the
+        stream, or one vLLM preempted that is recomputed into the slot it kept. `ran`: tokens
+        each seated request had computed after its last forward. A recomputed request counts
+        fewer now (from its first token, or, under prefix caching, from past a cached prefix);
+        one whose every token but the last was still cached looks like a decode step, and is one
+        unless new requests share its forward (vLLM seats resumed requests with new ones)."""
+        rows = list(zip(self.req_ids, self.computed, self.prompt))
+        new = any(r not in slots for r, _, _ in rows)
+        return all((r not in slots or c < ran.get(r, 0) or new) and c + self.scheduled(i) >= p
+                   for i, (r, c, p) in enumerate(rows))  # fmt: skip
 
     def describe(self) -> str:
         rows = zip(self.req_ids, self.computed, self.prompt)
@@ -194,6 +199,7 @@ class StreamSession:
         slots *= PREEMPTED_ROOM
         self.slots: list[str | None] = [None] * slots  # the request in each slot
         self.summaries: dict[str, dict] = {}  # request id -> ledger summary, left, not released
+        self.ran: dict[str, int] = {}  # request id -> tokens computed after its last forward
         self.step = 0  # decode forwards so far: the stream's clock
         driver.start(slots)  # a stream is one generation, its slots empty until requests come
         driver.leave(torch.arange(slots, device=device))
@@ -204,7 +210,10 @@ class StreamSession:
         self._lap()
         batch = ForwardBatch.read(self.runner, positions)
         self._leave(set(self.runner.requests))
-        if batch.entering(self.slots):
+        entering = batch.entering(self.slots, self.ran)
+        for i, request in enumerate(batch.req_ids):
+            self.ran[request] = batch.computed[i] + batch.scheduled(i)
+        if entering:
             self._running = ("prefill", 0)
             return self._enter(batch, positions.device, run)
         if batch.decode and set(batch.req_ids) <= set(self.slots):
@@ -252,6 +261,7 @@ class StreamSession:
         summaries = self.driver.leave(torch.tensor(gone, device=self.device))
         for i, summary in zip(gone, summaries):
             request, self.slots[i] = self.slots[i], None
+            self.ran.pop(request, None)
             if self.on_leave is None:
                 self.summaries[request] = summary  # until `release` hands it back
             else:
