@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -70,11 +71,19 @@ class PhaseLog:
     """Where a generation's decode time goes, as a host sees it: the kind of every decode
     forward (`dense`: no kept set, observing or not; `sparse`: kept sets in force; `refresh`: a
     sparse forward whose kept sets changed just before it), and per refresh its host time and,
-    per layer, the fraction of kept neurons that stayed in place (1 − entered / kept)."""
+    per layer, the fraction of kept neurons that stayed in place (1 − entered / kept).
 
-    kinds: list[str] = field(default_factory=list)
-    refresh_s: list[float] = field(default_factory=list)
-    overlap: list[list[float]] = field(default_factory=list)  # per refresh, per layer
+    Bounded to the last `STEPS` forwards and `REFRESHES` refreshes: a stream is one generation,
+    and a server's never ends (nor does anyone read its log)."""
+
+    STEPS: ClassVar[int] = 1 << 17  # longer than any static generation's decode
+    REFRESHES: ClassVar[int] = 1 << 13
+
+    kinds: deque[str] = field(default_factory=lambda: deque(maxlen=PhaseLog.STEPS))
+    refresh_s: deque[float] = field(default_factory=lambda: deque(maxlen=PhaseLog.REFRESHES))
+    overlap: deque[list[float]] = field(  # per refresh, per layer
+        default_factory=lambda: deque(maxlen=PhaseLog.REFRESHES)
+    )
 
     def clear(self) -> None:
         self.kinds.clear()
@@ -86,7 +95,7 @@ class PhaseLog:
         refreshes and their median host ms, and the mean overlap of kept sets over refreshes
         and layers."""
         times: dict[str, list[float]] = {}
-        for kind, seconds in zip(self.kinds[-len(step_s) :] if step_s else [], step_s):
+        for kind, seconds in zip(list(self.kinds)[-len(step_s) :] if step_s else [], step_s):
             times.setdefault(kind, []).append(seconds)
         out = {f"{kind}_step_ms": 1e3 * statistics.median(t) for kind, t in times.items()}
         out["refreshes"] = len(self.refresh_s)

@@ -137,7 +137,7 @@ def bind_served(runner, additional_config: dict | None) -> ExitStack | None:
         out.flush()
 
     slots = runner.vllm_config.scheduler_config.max_num_seqs
-    session = StreamSession(driver, host, runner, device, slots, on_leave)
+    session = StreamSession(driver, host, runner, device, slots, on_leave, timed=False)
     model.bwprune_session = session
     stack.enter_context(driver.attached())
     # on the way out (last in, first out): unbound, the requests still seated leave (their

@@ -184,10 +184,12 @@ class StreamSession:
 
     def __init__(self, driver: MethodDriver, host: VLLMHost, runner, device: torch.device,
                  slots: int, on_leave: Callable[[str, dict], None] | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
+                 progress: Callable[[int, int], None] | None = None,
+                 timed: bool = True) -> None:  # fmt: skip
         """`slots`: vLLM's `max_num_seqs`; `on_leave(request id, ledger summary)` is called as
         each request leaves the stream (a server's; without it, `release` hands summaries back);
-        `progress(step, live rows)` before every decode forward.
+        `progress(step, live rows)` before every decode forward; `timed`: forwards are timed for
+        `take` (a server never takes them, and an endless stream's marks would pile up).
 
         The method gets `PREEMPTED_ROOM` times as many slots as vLLM has seats: a request vLLM
         preempts (its KV cache full) keeps its slot and its ledger while it waits, to be
@@ -203,7 +205,7 @@ class StreamSession:
         self.step = 0  # decode forwards so far: the stream's clock
         driver.start(slots)  # a stream is one generation, its slots empty until requests come
         driver.leave(torch.arange(slots, device=device))
-        self.laps = Laps(device)
+        self.laps = Laps(device) if timed else None
         self._running: tuple[str, int] | None = None  # the forward in flight: kind, tokens
 
     def forward(self, positions: torch.Tensor, run: Callable[[], T]) -> T:
@@ -248,6 +250,8 @@ class StreamSession:
         self._leave(set())
 
     def _lap(self) -> None:
+        if self.laps is None:
+            return
         if self._running is None:
             self.laps.restart()
         else:

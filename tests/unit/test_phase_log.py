@@ -21,6 +21,25 @@ def test_summary_takes_each_kind_of_step_apart():
     assert PhaseLog().summary([]) == {"refreshes": 0}
 
 
+def test_an_endless_streams_log_keeps_only_its_latest_steps(monkeypatch):
+    """A server's stream never ends: the log holds the last STEPS forwards and REFRESHES
+    refreshes, and summarises the steps it was given."""
+    monkeypatch.setattr(PhaseLog, "STEPS", 8)
+    monkeypatch.setattr(PhaseLog, "REFRESHES", 2)
+    log = PhaseLog()
+    for step in range(1000):
+        log.kinds.append("sparse" if step % 2 else "dense")
+        if step % 10 == 0:
+            log.refresh_s.append(step / 1e3)
+            log.overlap.append([0.5] * 30)
+    assert (len(log.kinds), len(log.refresh_s), len(log.overlap)) == (8, 2, 2)
+    out = log.summary([0.001, 0.003] * 4)
+    assert out["dense_step_ms"] == pytest.approx(1.0) and out["sparse_step_ms"] == pytest.approx(
+        3.0
+    )
+    assert out["refresh_ms"] == pytest.approx(985.0)
+
+
 def test_a_generation_logs_its_schedule_refreshes_and_overlaps(tiny):
     """ours at t_init 4, periods of 3 sparse + 2 dense steps over 20 steps: dense steps 0-3,
     the first mask at step 4, then a refresh at every period's first sparse step; each refresh
@@ -31,7 +50,7 @@ def test_a_generation_logs_its_schedule_refreshes_and_overlaps(tiny):
     runner = BatchedRunner(model, tok, method, adapter_for(model),
                            SamplingConfig(21, ignore_eos=True))  # fmt: skip
     _, timing = runner.generate_tokens(*runner.encode(chat(tok, PROMPTS)))
-    kinds = runner.driver.host.log.kinds
+    kinds = list(runner.driver.host.log.kinds)
     assert len(kinds) == len(timing.step_s) == 20
     period = ["refresh", "sparse", "sparse", "dense", "dense"]
     assert kinds == ["dense"] * 4 + period * 3 + ["refresh"]
