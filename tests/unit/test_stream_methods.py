@@ -540,7 +540,7 @@ def test_a_forwards_layers_fold_into_the_phase_as_each_alone_would():
             z = torch.randn(4, d) * torch.rand(4, 1) * 10
             phase.add(layer, z, tokens)
             expected[layer].index_add_(0, rows, unit_sq(z) * tokens.counts.float()[:, None])
-    for layer, d in enumerate(widths):
+    count = torch.zeros(3).index_add_(0, rows, torch.tensor([1.0, 1.0, 0.0, 1.0]))
+    for layer in range(len(widths)):
         assert torch.equal(phase.sum_sq[layer], expected[layer])
-        count = torch.zeros(3).index_add_(0, rows, torch.tensor([1.0, 1.0, 0.0, 1.0]))
         assert torch.equal(phase.count[layer], 3 * count)
