@@ -82,16 +82,15 @@ class ForwardBatch:
                    for i, (c, p) in enumerate(zip(self.computed, self.prompt)))  # fmt: skip
 
     def entering(self, slots: list[str | None], ran: dict[str, int]) -> bool:
-        """Every request runs its prompt to the end in this forward: a request new to the
-        stream, or one vLLM preempted that is recomputed into the slot it kept. `ran`: tokens
-        each seated request had computed after its last forward. A recomputed request counts
-        fewer now (from its first token, or, under prefix caching, from past a cached prefix);
-        one whose every token but the last was still cached looks like a decode step, and is one
-        unless new requests share its forward (vLLM seats resumed requests with new ones)."""
+        """Requests arrive in this forward, each running its prompt to the end: requests new to
+        the stream, or ones vLLM preempted, recomputed into the slots they kept. `ran`: tokens
+        each seated request had computed after its last forward; a recomputed one counts fewer
+        now (from its first token, or, under prefix caching, from past a cached prefix). vLLM
+        seats resumed requests only in such forwards, so one whose every token but the last was
+        still cached, which alone would be a decode step, enters with them."""
         rows = list(zip(self.req_ids, self.computed, self.prompt))
-        new = any(r not in slots for r, _, _ in rows)
-        return all((r not in slots or c < ran.get(r, 0) or new) and c + self.scheduled(i) >= p
-                   for i, (r, c, p) in enumerate(rows))  # fmt: skip
+        arriving = any(r not in slots or c < ran.get(r, 0) for r, c, _ in rows)
+        return arriving and all(c + self.scheduled(i) >= p for i, (_, c, p) in enumerate(rows))
 
     def describe(self) -> str:
         rows = zip(self.req_ids, self.computed, self.prompt)

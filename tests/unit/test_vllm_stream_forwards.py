@@ -33,6 +33,7 @@ RAN = {"a": 140, "b": 131}  # tokens each seated request had computed after its 
         # every token but the last still cached: a decode step alone, a re-entry among new ones
         (forward(("a", 140, 1, 108)), False, True),
         (forward(("c", 0, 90, 90), ("a", 140, 1, 108)), True, False),
+        (forward(("a", 140, 1, 108), ("b", 0, 131, 100)), True, False),  # ... or resumed ones
         (forward(("c", 0, 40, 90)), False, False),  # a chunk of a prompt: neither
     ],
 )
