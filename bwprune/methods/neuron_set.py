@@ -69,9 +69,13 @@ class PhaseScores:
         if sum(h.numel() for _, h in self._held) >= self.HELD:
             self._fold()
 
+    @torch.inference_mode()
     def _fold(self) -> None:
         """The held activations into the statistics: one op per statistic for each run of
-        consecutive layers of one width (every layer, in a uniform model's decode step)."""
+        consecutive layers of one width (every layer, in a uniform model's decode step). In
+        inference mode wherever it runs: a fold may come after the forward that held them (when
+        the statistics are read), and an engine's forwards (vLLM's) make inference tensors, which
+        only inference mode may update in place."""
         held, self._held = self._held, []
         if not held:
             return
