@@ -57,6 +57,7 @@ class PhaseScores:
         self._left: torch.Tensor | None = None  # (L, R, D_max): rows that left
         self._left_count: torch.Tensor | None = None  # (L, R)
         self._held: list[tuple[int, torch.Tensor]] = []  # (layer, (N, D)) not folded in yet
+        self._held_elements = 0
         self._held_tokens: Tokens | None = None
         self._scratch: torch.Tensor | None = None  # where held activations are stacked
 
@@ -66,7 +67,8 @@ class PhaseScores:
             self._fold()
             self._held_tokens = tokens
         self._held.append((layer, z))
-        if sum(h.numel() for _, h in self._held) >= self.HELD:
+        self._held_elements += z.numel()
+        if self._held_elements >= self.HELD:
             self._fold()
 
     @torch.inference_mode()
@@ -76,7 +78,7 @@ class PhaseScores:
         inference mode wherever it runs: a fold may come after the forward that held them (when
         the statistics are read), and an engine's forwards (vLLM's) make inference tensors, which
         only inference mode may update in place."""
-        held, self._held = self._held, []
+        held, self._held, self._held_elements = self._held, [], 0
         if not held:
             return
         tokens = self._held_tokens
