@@ -12,6 +12,9 @@ are vLLM's own Llama and Qwen2 models with two additions:
 - each layer's MLP runs through its route (`bwprune.vllm.ffn_route`), an opaque op while vLLM
   compiles, so a host can change what it computes after the decoder was compiled.
 
+A model whose layers have widths of their own (TriSP's, its config recording them) is built by
+`BwpruneWidthsForCausalLM` (`bwprune.vllm.widths`), for both families; `architecture` picks.
+
 With no session bound and no host attached a forward computes what vLLM's own does.
 """
 
@@ -24,7 +27,9 @@ import torch
 from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 
+from bwprune.errors import UserError
 from bwprune.vllm.ffn_route import route
+from bwprune.vllm.widths import WidthsForCausalLM
 
 
 class _Hosted:
@@ -59,9 +64,22 @@ class BwpruneQwen2ForCausalLM(_Hosted, Qwen2ForCausalLM):
     pass
 
 
+class BwpruneWidthsForCausalLM(_Hosted, WidthsForCausalLM):
+    pass
+
+
 # HF architecture -> this plugin's class for it, and the name a run selects it by.
 _HOSTED = {"LlamaForCausalLM": BwpruneLlamaForCausalLM, "Qwen2ForCausalLM": BwpruneQwen2ForCausalLM}
 ARCHITECTURES = {arch: cls.__name__ for arch, cls in _HOSTED.items()}
+
+
+def architecture(hf_architecture: str, own_widths: bool) -> str:
+    """The plugin class a run selects for a model of HF class `hf_architecture`; `own_widths`:
+    its config records per-layer widths (`bwprune.vllm.widths.STRUCTURE_KEY`)."""
+    if hf_architecture not in ARCHITECTURES:
+        raise UserError(f"vLLM host: model class {hf_architecture!r} has no plugin class; choose "
+                        f"one of {sorted(ARCHITECTURES)}")  # fmt: skip
+    return BwpruneWidthsForCausalLM.__name__ if own_widths else ARCHITECTURES[hf_architecture]
 
 
 def register() -> None:
@@ -72,6 +90,6 @@ def register() -> None:
     until its cache under VLLM_CACHE_ROOT holds it), to spare an import that has happened."""
     from vllm import ModelRegistry
 
-    for cls in _HOSTED.values():
+    for cls in (*_HOSTED.values(), BwpruneWidthsForCausalLM):
         if cls.__name__ not in ModelRegistry.get_supported_archs():
             ModelRegistry.register_model(cls.__name__, cls)

@@ -38,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bwprune.engine.ledger import SparsityLedger
 from bwprune.engine.protocol import MethodDriver
-from bwprune.errors import UserError, choices_error
+from bwprune.errors import choices_error
 from bwprune.generation.paired import PairedSettings, weight_bytes
 from bwprune.generation.prepared import PreparedModel, prepare_loaded
 from bwprune.generation.prompts import batch_prompts
@@ -92,14 +92,18 @@ def compilation_config(compiled: bool, glued: bool, device: torch.device) -> dic
     return {"splitting_ops": splits, "cudagraph_mode": "PIECEWISE"}
 
 
-def export_model(model: torch.nn.Module, folder: Path) -> Path:
-    """The model's config and weights as an HF folder vLLM loads (no tokenizer: ids in, ids out)."""
-    from bwprune.vllm.plugin import ARCHITECTURES
+def plugin_architecture(model: torch.nn.Module) -> str:
+    """The plugin class vLLM builds `model` with (`bwprune.vllm.plugin.architecture`)."""
+    from bwprune.vllm.plugin import architecture
+    from bwprune.vllm.widths import STRUCTURE_KEY
 
-    arch = type(model).__name__
-    if arch not in ARCHITECTURES:
-        raise UserError(f"vLLM host: model class {arch!r} has no plugin class; choose one of "
-                        f"{sorted(ARCHITECTURES)}")  # fmt: skip
+    return architecture(type(model).__name__, hasattr(model.config, STRUCTURE_KEY))
+
+
+def export_model(model: torch.nn.Module, folder: Path) -> Path:
+    """The model's config and weights as an HF folder vLLM loads (no tokenizer: ids in, ids out);
+    a model with layers of widths of their own keeps them in its config (TriSP's)."""
+    plugin_architecture(model)
     if not (folder / "config.json").exists():
         partial_dir = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".part"))
         model.save_pretrained(partial_dir)
@@ -135,8 +139,6 @@ class VLLMRunner:
         os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
         from vllm import LLM
 
-        from bwprune.vllm.plugin import ARCHITECTURES
-
         self.hf, self.prepared, self.method = hf, prepared, prepared.method
         self.tokenizer, self.sampling, self.device = hf.tokenizer, hf.sampling, hf.device
         self.settings, self.slots = settings, slots
@@ -153,7 +155,7 @@ class VLLMRunner:
             scheduler_cls=UNMIXED, enable_chunked_prefill=False,
             max_num_batched_tokens=max(2048, slots * prompt_tokens, longest),
             kv_cache_memory_bytes=int(settings.kv_cache_gib * 2**30),
-            hf_overrides={"architectures": [ARCHITECTURES[type(prepared.model).__name__]]},
+            hf_overrides={"architectures": [plugin_architecture(prepared.model)]},
             compilation_config=compilation_config(self.compiled, self.host.glued, self.device),
         )  # fmt: skip
         log.info("vLLM engine ready in %.1f s (%s)", time.perf_counter() - started,

