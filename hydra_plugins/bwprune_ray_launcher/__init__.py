@@ -1,0 +1,1 @@
+"""Hydra's `ray` launcher for bwprune sweeps (`hydra/launcher=ray`, `ray_launcher.py`)."""
