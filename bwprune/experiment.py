@@ -21,7 +21,7 @@ from bwprune.benchmarks.selection import num_samples, select_examples, work_item
 from bwprune.config import build, build_method, validate
 from bwprune.errors import UserError
 from bwprune.generation.cost_target import CostTarget
-from bwprune.generation.evaluate import generate_missing
+from bwprune.generation.evaluate import Backend, HFBackend, generate_missing
 from bwprune.generation.perplexity import evaluate_perplexity
 from bwprune.generation.prepared import prepare_model
 from bwprune.methods.base import PruningMethod
@@ -111,7 +111,7 @@ def _generation(
     tracker: Tracker,
     batches: list[list[tuple[Example, int]]],
 ) -> tuple[dict, str, list]:
-    device = generate_missing(cfg, benchmark, method, batches, recorder, tracker)
+    device = generate_missing(cfg, benchmark, method, batches, recorder, tracker, _backend(cfg))
     samples, timings = recorder.rows()
     samples = sorted(samples, key=RunRecorder.row_key)
     metrics = summarize(samples, timings, target_sparsity(cfg), recorder.cost_search())
@@ -120,6 +120,16 @@ def _generation(
     if waits is not None:
         metrics["time_to_answer"] = waits
     return metrics, device, samples
+
+
+def _backend(cfg: DictConfig) -> Backend:
+    """The run's generation host (`generation.backend`, validated by `bwprune.config`). vLLM is
+    imported only by the runs that use it: importing it takes seconds and sets its logging."""
+    if cfg.generation.backend == "vllm":
+        from bwprune.vllm.backend import VLLMBackend
+
+        return VLLMBackend()
+    return HFBackend()
 
 
 def _perplexity_evaluation(cfg: DictConfig, benchmark: Benchmark) -> Evaluation:

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
+import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
@@ -40,6 +43,27 @@ from bwprune.runs.tracking import Tracker
 from bwprune.scoring.common import prompt_opens_think
 
 log = logging.getLogger(__name__)
+Finisher = Callable[[list[int], list, BatchTiming], None]  # items, completions, their timing
+
+
+class Backend(Protocol):
+    """Where a run's tokens are generated (`generation.backend`). It is chosen where a run is
+    composed (`bwprune.experiment`), so this module knows only the HF loop's (`HFBackend`)
+    and an engine's package may import this one without this one importing it back. Either
+    way quality is teacher-forced through the HF runner."""
+
+    def engines(self, cfg: DictConfig, prepared: PreparedModel, runner: BatchedRunner,
+                batches: list, timed: bool) -> tuple:  # fmt: skip
+        """The static batches' generator (`generate_tokens(ids, attn, progress)`) and, when
+        `timed`, its paired timing against dense (`measure(ids, attn, completions)`)."""
+        ...
+
+    def stream(self, cfg: DictConfig, prepared: PreparedModel, runner: BatchedRunner,
+               batches: list, prompts: Sequence[torch.Tensor], on_finish: Finisher,
+               progress: BatchProgress) -> None:  # fmt: skip
+        """Continuous batching of `prompts` (1-D ids) through `batch_size` seats; `on_finish`
+        receives requests as they finish (`bwprune.generation.stream.StreamRunner.run`)."""
+        ...
 
 
 class BatchProgress:
@@ -71,9 +95,11 @@ def generate_missing(
     batches: list[list[tuple[Example, int]]],
     recorder: RunRecorder,
     tracker: Tracker,
+    backend: Backend,
 ) -> str:
-    """Generate every batch that has a (problem, sample) not yet on disk; returns the device.
-    Under `generation.batching=continuous` the missing pairs stream through the slots instead."""
+    """Generate every batch that has a (problem, sample) not yet on disk with `backend`; returns
+    the device. Under `generation.batching=continuous` the missing pairs stream through the
+    slots instead."""
     done = recorder.done_keys()
     todo = [b for b in batches if any((e.index, k) not in done for e, k in b)]
     if not todo:
@@ -91,9 +117,9 @@ def generate_missing(
     runner = prepared.runner(SamplingConfig.from_config(cfg.generation), cfg.seed, cfg.generation)
     record = Recording(benchmark, recorder, tracker, done)
     if cfg.generation.batching == "continuous":
-        _stream(cfg, prepared, runner, todo, references, record)
+        _stream(cfg, prepared, runner, todo, references, record, backend)
     else:
-        _static(cfg, prepared, runner, batches, todo, references, record)
+        _static(cfg, prepared, runner, batches, todo, references, record, backend)
     return str(runner.device)
 
 
@@ -141,18 +167,12 @@ class Recording:
 
 
 def _static(cfg, prepared: PreparedModel, runner: BatchedRunner, batches, todo, references,
-            record: Recording) -> None:  # fmt: skip
+            record: Recording, backend: Backend) -> None:  # fmt: skip
     """Static batches, one at a time: generate, teacher-force the dense reference, record."""
     tokenizer = prepared.tokenizer
     timed = {id(b) for b in batches[: cfg.speed.batches]}  # this job's first batches
     to_time = paired_enabled(cfg) and any(id(b) in timed for b in todo)  # a resumed run: maybe none
-    if cfg.generation.backend == "vllm":  # vLLM generates; quality still teacher-forces in HF
-        from bwprune.vllm.runner import vllm_engines
-
-        generator, paired = vllm_engines(cfg, prepared, runner, todo, to_time)
-    else:
-        generator = runner
-        paired = paired_timing(cfg, runner, prepared) if to_time else None
+    generator, paired = backend.engines(cfg, prepared, runner, todo, to_time)
     bar = tqdm(todo, desc=record.recorder.key, unit="batch", disable=not cfg.progress)
     inside = BatchProgress(bar)
     for number, batch in enumerate(bar):
@@ -173,7 +193,7 @@ def _static(cfg, prepared: PreparedModel, runner: BatchedRunner, batches, todo, 
 
 
 def _stream(cfg, prepared: PreparedModel, runner: BatchedRunner, todo, references,
-            record: Recording) -> None:  # fmt: skip
+            record: Recording, backend: Backend) -> None:  # fmt: skip
     """Continuous batching: the pairs of `todo` stream through `batch_size` slots in order; each
     missing one is recorded as it finishes (a replayed stream's recorded ones are skipped, see
     the module). With quality on, the dense references are streamed the same way first
@@ -185,12 +205,12 @@ def _stream(cfg, prepared: PreparedModel, runner: BatchedRunner, todo, reference
     prompts = batch_prompts(tokenizer, cfg.model, work)
     ids = [tokenizer(p, return_tensors="pt", add_special_tokens=False).input_ids[0]
            for p in prompts]  # fmt: skip
-    stream = StreamRunner(runner, int(cfg.batch_size))
     quality: list = [None] * len(work)
     if references:
         by_pair = {(e.index, k): ref.row(b) for batch, ref in zip(todo, references)
                    for b, (e, k) in enumerate(batch)}  # fmt: skip
         refs = [by_pair[(e.index, k)] for e, k in work]
+        stream = StreamRunner(runner, int(cfg.batch_size))
         quality = stream_quality(stream, ids, refs, bool(cfg.quality.traces))
     missing = sum((e.index, k) not in record.done for e, k in work)
     bar = tqdm(total=missing, desc=record.recorder.key, unit="sample",
@@ -201,12 +221,7 @@ def _stream(cfg, prepared: PreparedModel, runner: BatchedRunner, todo, reference
         pick = [work[i] for i in items], [prompts[i] for i in items]
         bar.update(record(*pick, completions, [quality[i] for i in items], timing, bar))
 
-    if cfg.generation.backend == "vllm":  # vLLM streams; quality still teacher-forces in HF
-        from bwprune.vllm.runner import vllm_engines
-
-        vllm_engines(cfg, prepared, runner, todo, timed=False)[0].stream(ids, finished, inside)
-    else:
-        stream.run(ids, finished, progress=inside)
+    backend.stream(cfg, prepared, runner, todo, ids, finished, inside)
     bar.close()
 
 
@@ -230,3 +245,22 @@ def paired_timing(cfg: DictConfig, runner: BatchedRunner, prepared: PreparedMode
         else prepared.model
     )
     return PairedTiming(runner, prepared.adapter, dense, settings)
+
+
+class HFBackend:
+    """`generation.backend=hf`: our decode loop generates (`bwprune.generation.runner`)."""
+
+    def engines(
+        self,
+        cfg: DictConfig,
+        prepared: PreparedModel,
+        runner: BatchedRunner,
+        batches: list,
+        timed: bool,
+    ) -> tuple[BatchedRunner, PairedTiming | None]:
+        return runner, paired_timing(cfg, runner, prepared) if timed else None
+
+    def stream(self, cfg: DictConfig, prepared: PreparedModel, runner: BatchedRunner,
+               batches: list, prompts: Sequence[torch.Tensor], on_finish: Finisher,
+               progress: BatchProgress) -> None:  # fmt: skip
+        StreamRunner(runner, int(cfg.batch_size)).run(prompts, on_finish, progress=progress)

@@ -19,7 +19,7 @@ from typing import TypeVar
 
 import torch
 
-from bwprune.generation import interference
+from bwprune.runs import interference
 from bwprune.runs.speedup import relative_half_width
 
 T = TypeVar("T")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from bwprune.generation.interference import OWN_LOAD_MARGIN
+from bwprune.runs.interference import OWN_LOAD_MARGIN
 
 NOT_REACHED, OVERLOADED = "†", "‡"
 NOTE = (

@@ -6,7 +6,7 @@ numbers; no torch and no pandas, so the report and the GPU check can both import
 
 from __future__ import annotations
 
-from bwprune.generation.interference import overloaded
+from bwprune.runs.interference import overloaded
 
 SPEED_COLUMNS = (
     "batch", "method", "decode ms/step", "decode tok/s", "prefill ms", "e2e s", "speedup e2e",

@@ -22,7 +22,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 
-from bwprune.generation.interference import overloaded
+from bwprune.runs.interference import overloaded
 
 SIDES = ("prefill_s", "decode_s")  # a trial's time end to end
 

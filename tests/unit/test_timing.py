@@ -5,7 +5,7 @@ sync per step."""
 import pytest
 import torch
 
-from bwprune.generation.interference import between, snapshot
+from bwprune.runs.interference import between, snapshot
 from bwprune.generation.speed import measure
 from bwprune.generation.timing import Precision, StepTimer, alternate, alternate_until
 from bwprune.methods.base import PruningMethod
