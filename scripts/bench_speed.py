@@ -99,7 +99,9 @@ def main(overrides: list[str]) -> None:
 
 def vllm_part(cfg, overrides: list[str], model: nn.Module, tokenizer) -> tuple[list[dict], str]:
     """Dense in our HF loop and in vLLM, and `bench.vllm.methods` in vLLM, at its batch sizes,
-    in each of `bench.vllm.engines` (label -> `generation.vllm` overrides); and how vLLM ran."""
+    in each of `bench.vllm.engines` (label -> `generation.vllm` overrides); and how vLLM ran.
+    A method that edits weights (TriSP's smaller model) is prepared on a copy of the model loaded
+    again and runs in engines of its own, timed against dense vLLM as the others are."""
     from bwprune.generation.prepared import prepare_loaded
     from bwprune.generation.runner import SamplingConfig
     from bwprune.vllm.runner import VLLMRunner
@@ -107,20 +109,40 @@ def vllm_part(cfg, overrides: list[str], model: nn.Module, tokenizer) -> tuple[l
 
     bench = cfg.bench
     top = max(bench.vllm.batch_sizes)
-    engines = {}
-    for label, settings in bench.vllm.engines.items():
-        engine_cfg = compose_config(ROOT / "conf", [
-            "+bench=default", *overrides, "method=ours", f"batch_size={top}",
-            *(f"generation.vllm.{k}={v}" for k, v in settings.items()),
-        ])  # fmt: skip  # built for a method that decides per forward: no prefix caching
-        base = prepare_loaded(model, tokenizer, build_method(engine_cfg.method))
-        hf = base.runner(SamplingConfig(bench.new_tokens, ignore_eos=True), cfg.seed,
-                         engine_cfg.generation)  # fmt: skip
-        engines[label] = VLLMRunner.for_run(engine_cfg, base, hf, bench.prompt_len)
-    methods = prepared(bench.vllm.methods, overrides, model, base.adapter, tokenizer)
+
+    def engines_for(pruned=None) -> dict[str, VLLMRunner]:
+        """An engine per `bench.vllm.engines` label, on `model` built for ours (no prefix
+        caching), or on `pruned` (a prepared copy) with prefix caching off too: each trial
+        repeats the prompts."""
+        out = {}
+        for label, settings in bench.vllm.engines.items():
+            engine_cfg = compose_config(ROOT / "conf", [
+                "+bench=default", *overrides, "method=ours", f"batch_size={top}",
+                *(f"generation.vllm.{k}={v}" for k, v in settings.items()),
+            ])  # fmt: skip
+            base = pruned or prepare_loaded(model, tokenizer, build_method(engine_cfg.method))
+            hf = base.runner(SamplingConfig(bench.new_tokens, ignore_eos=True), cfg.seed,
+                             engine_cfg.generation)  # fmt: skip
+            out[label] = VLLMRunner.for_run(engine_cfg, base, hf, bench.prompt_len,
+                                            prefix_caching=False)  # fmt: skip
+        return out
+
+    engines = engines_for()
+    adapter = next(iter(engines.values())).prepared.adapter
+    built = {label: build_method(compose_config(ROOT / "conf", [
+        "+bench=default", *overrides, *method_overrides]).method)
+        for label, method_overrides in bench.vllm.methods.items()}  # fmt: skip
+    methods, own = {}, {}
+    for label, method in built.items():
+        if method.edits_weights:
+            own[label] = engines_for(prepare_loaded(*load_model(cfg.model, cfg.paths.cache_dir),
+                                                    method))  # fmt: skip
+        else:
+            MethodDriver(method, model, adapter).prepare(tokenizer)
+            methods[label] = method
     rows = measure_vllm(
         engines, methods, list(bench.vllm.batch_sizes), Precision.from_config(bench),
-        bench.new_tokens, bench.prompt_len, bench.warmup, cfg.seed, log=print,
+        bench.new_tokens, bench.prompt_len, bench.warmup, cfg.seed, log=print, own=own,
     )  # fmt: skip
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     how = ", ".join(f"{label}: {'compiled' if e.compiled else 'eager'}"

@@ -128,11 +128,13 @@ class VLLMRunner:
 
     def __init__(self, prepared: PreparedModel, hf: BatchedRunner, folder: Path,
                  settings: VLLMSettings, slots: int, prompt_tokens: int, seed: int,
-                 load_format: str = "auto") -> None:  # fmt: skip
+                 load_format: str = "auto", prefix_caching: bool = True) -> None:  # fmt: skip
         """vLLM on the model in `folder` (`prepared.model`'s config and weights; with
         `load_format="dummy"` its config alone, random weights: speed checks). `hf`: the run's HF
         runner (tokenizer, sampling, stop ids and completions are shared); `slots`: the largest
-        batch; `prompt_tokens`: the longest prompt (a batch's prompts must fit one forward)."""
+        batch; `prompt_tokens`: the longest prompt (a batch's prompts must fit one forward);
+        `prefix_caching=False`: off also for a method that allows it (a speed check that repeats
+        its prompts, timed against an engine without it)."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # vLLM leaves a core to its scheduler process unless told the thread count; in this one
         # process it computes with the threads this process (and its HF runner) computes with.
@@ -149,7 +151,8 @@ class VLLMRunner:
         started = time.perf_counter()
         self.llm = LLM(
             model=str(folder), skip_tokenizer_init=True, dtype=dtype, seed=seed,
-            enforce_eager=not self.compiled, enable_prefix_caching=not self.host.glued,
+            enforce_eager=not self.compiled,
+            enable_prefix_caching=prefix_caching and not self.host.glued,
             max_num_seqs=slots, max_model_len=settings.max_model_len, load_format=load_format,
             # prompts run whole, in forwards of their own (`bwprune.vllm.scheduler`)
             scheduler_cls=UNMIXED, enable_chunked_prefill=False,
@@ -166,13 +169,14 @@ class VLLMRunner:
 
     @classmethod
     def for_run(cls, cfg: DictConfig, prepared: PreparedModel, hf: BatchedRunner,
-                longest_prompt: int) -> VLLMRunner:  # fmt: skip
+                longest_prompt: int, prefix_caching: bool = True) -> VLLMRunner:  # fmt: skip
         """The engine of a run: its model (pruned weights exported, and removed once loaded),
         batch size, seed and `generation.vllm` settings."""
         folder, own = model_folder(cfg, prepared)
         try:
             return cls(prepared, hf, folder, VLLMSettings.from_config(cfg.generation),
-                       int(cfg.batch_size), longest_prompt, int(cfg.seed))  # fmt: skip
+                       int(cfg.batch_size), longest_prompt, int(cfg.seed),
+                       prefix_caching=prefix_caching)  # fmt: skip
         finally:
             if own:
                 shutil.rmtree(folder.parent, ignore_errors=True)

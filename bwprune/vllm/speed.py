@@ -43,19 +43,26 @@ def measure_vllm(
     warmup: int,
     seed: int,
     log: Callable[[str], None] = lambda _: None,
+    own: Mapping[str, Mapping[str, VLLMRunner]] | None = None,
 ) -> list[dict]:
     """Rows as `bwprune.generation.speed.measure`'s: `methods` (prepared on the engines' HF
     model; "dense" among them) run in each vLLM engine (label -> engine: rows
     `<method>@<label>`, speedups against `dense@<label>`), and dense in the HF loop, at every
-    batch size."""
+    batch size. `own`: method label -> engines of its own (label -> engine, as `engines`), for a
+    method that changed its model (TriSP): rows `<method>@<label>` against `dense@<label>` too,
+    its realized sparsity relative to the model as loaded."""
     engine = next(iter(engines.values()))
     prepared = engine.prepared
     model, adapter, device = prepared.model, prepared.adapter, engine.device
     hf = BatchedRunner(model, prepared.tokenizer, methods["dense"], adapter,
                        SamplingConfig(new_tokens, ignore_eos=True),
                        ledger=SparsityLedger(adapter, device))  # fmt: skip
-    drivers = {f"{label}@{name}": (e, e.driver_for(m, SparsityLedger(adapter, device)))
-               for name, e in engines.items() for label, m in methods.items()}  # fmt: skip
+    # methods with engines of their own first: `timed_rows` takes the last every-step-sparse row
+    # of an engine (ours_frozen's) as its measured sparse step, and TriSP's steps are all sparse
+    drivers = {f"{label}@{name}": (e, e.driver_for(e.method, SparsityLedger(adapter, device)))
+               for label, mine in (own or {}).items() for name, e in mine.items()}  # fmt: skip
+    drivers |= {f"{label}@{name}": (e, e.driver_for(m, SparsityLedger(adapter, device)))
+                for name, e in engines.items() for label, m in methods.items()}  # fmt: skip
     gen = torch.Generator().manual_seed(seed)
     vocab = min(prepared.tokenizer.vocab_size, 1000)
     rows = []
@@ -65,8 +72,9 @@ def measure_vllm(
         trials = {"dense": partial(run_once, hf, ids, attn)}
         trials |= {label: partial(_vllm_once, e, d, ids, attn, new_tokens)
                    for label, (e, d) in drivers.items()}  # fmt: skip
-        rows += timed_rows(batch, trials, precision, warmup, weight_bytes(model),
+        timed = timed_rows(batch, trials, precision, warmup, weight_bytes(model),
                            lambda line: log(f"vLLM {line}"))  # fmt: skip
+        rows += sorted(timed, key=lambda row: row["method"].split("@")[0] in (own or {}))
     return rows
 
 
