@@ -2,7 +2,7 @@
 Ray instance started for the sweep or on a running cluster (`ray.init`'s `address`).
 
 Why our own and not hydra-ray-launcher's `RayLauncher`, which does the same for a local cluster:
-hydra-ray-launcher 1.2.2 requires `cloudpickle<3` (for the job specs its AWS launcher pickles),
+hydra-ray-launcher 1.2.2 requires `cloudpickle<3` (its AWS launcher pickles job specs with it),
 and joblib 1.6 — hydra/launcher=parallel's — requires `cloudpickle>=3`, so installing it moves
 joblib back to 1.5 and cloudpickle to 2.2, under vLLM too; it also pulls boto3 and `ray[default]`.
 A task needs none of that: Ray pickles it with its own vendored cloudpickle. This is the plugin's
