@@ -64,12 +64,14 @@ def served_compiled(cfg: DictConfig, method) -> bool:
     return str(cfg.generation.vllm.compile).lower() != "false" and compilable(method)
 
 
-def server_command(cfg: DictConfig, folder: Path, ledger: Path, method, name: str) -> list[str]:
+def server_command(cfg: DictConfig, folder: Path, ledger: Path, method, name: str,
+                   plugin: bool = True) -> list[str]:  # fmt: skip
     """`vllm serve` for the exported `folder`: `batch_size` seats, compiled unless
     `generation.vllm.compile=false` or the method decides outside the FFN's op (`served_compiled`),
     prefix caching off when the method decides per forward (a cached prompt is never scored).
     The model answers to SERVED_NAME and to `name`, this launch's own
-    (`bwprune.vllm.server.wait_ready`)."""
+    (`bwprune.vllm.server.wait_ready`). Without `plugin`, vLLM alone serves it: none of this
+    package's model class, worker, scheduler or method (a soak's control, `bwprune.vllm.soak`)."""
     from bwprune.vllm.plugin import architecture as plugin_class
     from bwprune.vllm.runner import UNMIXED
     from bwprune.vllm.widths import STRUCTURE_KEY
@@ -92,25 +94,27 @@ def server_command(cfg: DictConfig, folder: Path, ledger: Path, method, name: st
         # stopped, vLLM waits this long for its engine and worker, and the worker writes the seated
         # requests' ledger lines as it shuts down; vLLM's default, 0, kills them at once
         "--shutdown-timeout", str(settings.drain_s),
-        "--scheduler-cls", UNMIXED, "--no-enable-chunked-prefill",
-        "--worker-cls", "bwprune.vllm.worker.ServingWorker",
-        "--hf-overrides", json.dumps({"architectures": [architecture]}),
-        "--additional-config", json.dumps({"bwprune": bwprune}),
+        "--no-enable-chunked-prefill",
+        *(["--scheduler-cls", UNMIXED, "--worker-cls", "bwprune.vllm.worker.ServingWorker",
+            "--hf-overrides", json.dumps({"architectures": [architecture]}),
+            "--additional-config", json.dumps({"bwprune": bwprune})] if plugin else []),
         *([] if compiled else ["--enforce-eager"]),
         *(["--no-enable-prefix-caching"] if per_forward else []),
     ]  # fmt: skip
 
 
 @contextmanager
-def running_server(cfg: DictConfig, folder: Path, ledger: Path, method,
-                   log_path: Path) -> Iterator[tuple[ServeSettings, subprocess.Popen]]:  # fmt: skip
+def running_server(
+    cfg: DictConfig, folder: Path, ledger: Path, method, log_path: Path, plugin: bool = True
+) -> Iterator[tuple[ServeSettings, subprocess.Popen]]:
     """The server (where it listens, its process), up and answering as itself for as long as the
     block runs, stopped on the way out, also on errors and signals
-    (`bwprune.vllm.server.launched`); its output goes to `log_path`."""
+    (`bwprune.vllm.server.launched`); its output goes to `log_path`. `plugin`: as in
+    `server_command`."""
     settings = ServeSettings.from_config(cfg)
     name = f"{SERVED_NAME}-{secrets.token_hex(8)}"
     env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "INFO")}
-    command = server_command(cfg, folder, ledger, method, name)
+    command = server_command(cfg, folder, ledger, method, name, plugin)
     with launched(command, settings, name, log_path, env) as proc:
         yield settings, proc
 

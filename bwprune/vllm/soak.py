@@ -8,14 +8,21 @@ processes and the ledger's line count are read. Per minute of the run (`minutes`
 finished, output tokens/s, end-to-end latency p50/p99, the worker's resident memory, the ledger's
 lines. What a soak must show (`verdict`): every request answered, one ledger line per request
 once the server has stopped, the worker's memory after the first minute grown by less than
-`serve.soak.rss_growth_mib`, and latency without a trend; vLLM's preemptions are counted (a small
-`serve.kv_cache_gib` makes it preempt). The record, under `serve.soak.dir`: config.yaml,
-requests.jsonl, samples.jsonl, ledger.jsonl, server.log, soak.json (minutes and verdict) and
-soak.png (`figure`).
+`serve.soak.rss_growth_mib` beyond what vLLM alone grows under the same load, and latency without
+a trend; vLLM's preemptions are counted (a small `serve.kv_cache_gib` makes it preempt). The
+record, under `serve.soak.dir`: config.yaml, requests.jsonl, samples.jsonl, ledger.jsonl,
+server.log, soak.json (minutes and verdict) and soak.png (`figure`).
+
+Why a control: under preemption vLLM's own worker grows, with no method inside (about 210 MiB in
+1000 preempting requests here, docs/serving.md), so an absolute bound would blame every method for
+it. `serve.soak.vllm_alone=true` soaks vLLM without any of this package's pieces (`control_key`:
+one record per load, whatever the method); a method's verdict bounds its growth beyond that
+record's when there is one, else its whole growth.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -42,25 +49,52 @@ from bwprune.vllm.server import ServeSettings, refuse_taken
 
 log = logging.getLogger(__name__)
 ROLES = {"Worker": "worker", "EngineCore": "engine", "api_server": "api"}  # in a process's cmdline
+ALONE = "vllm-alone"  # the control's name where a method's would be
 PREEMPTIONS = re.compile(r"^vllm:num_preemptions(?:_total)?(?:\{[^}]*\})? ([0-9.e+]+)$", re.M)
 
 
 def soak_key(cfg: DictConfig) -> str:
     """`<model>/<method>/n=<requests>_kv=<GiB>_<hash8>`: what the server computes, its KV cache
-    and the load (the other `serve` keys say how it runs)."""
-    ident = {**identity(cfg), "kv_cache_gib": cfg.serve.kv_cache_gib,
-             "soak": OmegaConf.to_container(cfg.serve.soak, resolve=True)}  # fmt: skip
+    and the load (the other `serve` keys say how it runs); vLLM alone is `ALONE` and no method."""
+    soak = OmegaConf.to_container(cfg.serve.soak, resolve=True)
+    alone = soak.pop("vllm_alone")
+    soak.pop("dir")
+    ident = {**identity(cfg), "kv_cache_gib": cfg.serve.kv_cache_gib, "soak": soak}
     ident.pop("serve", None)
-    ident["soak"].pop("dir")
+    if alone:
+        ident.pop("method", None)
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()
-    soak = cfg.serve.soak
-    return f"{cfg.model.name}/{method_name(cfg)}/n={soak.requests}_kv={cfg.serve.kv_cache_gib:g}_" \
+    name = ALONE if alone else method_name(cfg)
+    return f"{cfg.model.name}/{name}/n={soak['requests']}_kv={cfg.serve.kv_cache_gib:g}_" \
         f"{digest[:8]}"  # fmt: skip
+
+
+def control_key(cfg: DictConfig) -> str:
+    """The key of vLLM alone's soak under the same load as `cfg`'s."""
+    alone = copy.deepcopy(cfg)
+    alone.serve.soak.vllm_alone = True
+    return soak_key(alone)
+
+
+def control_growth(cfg: DictConfig) -> float | None:
+    """The worker's growth (MiB) in vLLM alone's soak under `cfg`'s load, None if not soaked."""
+    record = Path(cfg.serve.soak.dir) / control_key(cfg) / "soak.json"
+    if not record.exists():
+        log.warning("no soak of vLLM alone under this load (%s): the memory bound is on "
+                    "the worker's whole growth; serve.soak.vllm_alone=true makes one",
+                    record)  # fmt: skip
+        return None
+    return json.loads(record.read_text())["verdict"]["worker_rss_growth_mib"]
 
 
 def soak(cfg: DictConfig) -> dict:
     """The soak test of the run's method; its record (written as it ends)."""
     soak = cfg.serve.soak
+    alone = bool(soak.vllm_alone)
+    if alone and cfg.method.name != "dense":
+        raise UserError(f"serve.soak.vllm_alone=true serves the model with no method inside; "
+                        f"method={cfg.method.name} would only choose the exported weights: "
+                        f"run it with method=dense")  # fmt: skip
     out = Path(soak.dir) / soak_key(cfg)
     refuse_taken(ServeSettings.from_config(cfg))
     out.mkdir(parents=True, exist_ok=True)
@@ -74,7 +108,8 @@ def soak(cfg: DictConfig) -> dict:
             "temperature": 0, "stop_token_ids": stops}  # fmt: skip
     ledger = out / "ledger.jsonl"
     ledger.unlink(missing_ok=True)
-    with running_server(cfg, folder, ledger, prepared.method, out / "server.log") as (server, proc):
+    with running_server(cfg, folder, ledger, prepared.method, out / "server.log",
+                        plugin=not alone) as (server, proc):  # fmt: skip
         start, samples, done = time.monotonic(), [], threading.Event()
         results: list[dict] = []
         watcher = threading.Thread(target=watch, args=(proc.pid, ledger, float(soak.sample_s),
@@ -100,14 +135,17 @@ def soak(cfg: DictConfig) -> dict:
                             f"{failed} of {len(results)} requests failed; the end of "
                             f"{out / 'server.log'}:\n{tail}")  # fmt: skip
         preempted = preemptions(server)
-    lines = len(ledger.read_text().splitlines())
+    lines = len(ledger.read_text().splitlines()) if ledger.exists() else 0
     per_minute = minutes(results, samples)
+    control = None if alone else control_growth(cfg)
     record = {
-        "key": soak_key(cfg), "model": cfg.model.name, "method": method_name(cfg),
+        "key": soak_key(cfg), "model": cfg.model.name,
+        "method": ALONE if alone else method_name(cfg),
         "batch_size": int(cfg.batch_size), "kv_cache_gib": float(cfg.serve.kv_cache_gib),
         "requests": len(results), "duration_s": max(r["end_s"] for r in results),
         "preemptions": preempted, "ledger_lines": lines, "minutes": per_minute,
-        "verdict": verdict(results, lines, per_minute, float(soak.rss_growth_mib)),
+        "verdict": verdict(results, None if alone else lines, per_minute,
+                           float(soak.rss_growth_mib), control),
     }  # fmt: skip
     (out / "soak.json").write_text(json.dumps(record, indent=1))
     figure(record).savefig(out / "soak.png", dpi=120)
@@ -186,10 +224,13 @@ def minutes(results: list[dict], samples: list[dict]) -> list[dict]:
     return rows
 
 
-def verdict(results: list[dict], lines: int, per_minute: list[dict], growth_mib: float) -> dict:
-    """Every request answered, one ledger line each, the worker's memory after the first minute
-    grown by less than `growth_mib`, and the p50 latency's trend per minute (least squares over
-    the full minutes after the first, as a fraction of their mean: near 0 is flat)."""
+def verdict(results: list[dict], lines: int | None, per_minute: list[dict], growth_mib: float,
+            control_mib: float | None = None) -> dict:  # fmt: skip
+    """Every request answered, one ledger line each (`lines` None: vLLM alone writes none), the
+    worker's memory after the first minute grown by less than `growth_mib` beyond `control_mib`
+    (vLLM alone's growth under the same load, if known), and the p50 latency's trend per minute
+    (least squares over the full minutes after the first, as a fraction of their mean: near 0 is
+    flat)."""
     full = [m for m in per_minute[1:] if m["span_s"] >= 60 and m["e2e_p50_ms"] is not None]
     rss = [m["worker_rss_mib"] for m in per_minute if "worker_rss_mib" in m]
     growth = max(rss[1:]) - rss[0] if len(rss) > 1 else None
@@ -197,9 +238,10 @@ def verdict(results: list[dict], lines: int, per_minute: list[dict], growth_mib:
     trend = float(np.polyfit(np.arange(len(p50)), p50, 1)[0] / p50.mean()) if len(p50) > 2 else None
     return {
         "failed": sum(r["error"] is not None for r in results),
-        "one_ledger_line_per_request": lines == len(results),
+        "one_ledger_line_per_request": None if lines is None else lines == len(results),
         "worker_rss_growth_mib": growth,
-        "memory_within_bound": growth is not None and growth < growth_mib,
+        "vllm_alone_growth_mib": control_mib,
+        "memory_within_bound": growth is not None and growth - (control_mib or 0.0) < growth_mib,
         "p50_trend_per_minute": trend,
     }
 

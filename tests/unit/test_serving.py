@@ -204,6 +204,21 @@ def test_a_soak_is_read_per_minute_and_judged():
     leaking = [{**m, "worker_rss_mib": 500.0 + 100 * m["minute"]} for m in rows]
     assert not verdict(results, len(results) - 1, leaking, 64)["memory_within_bound"]
     assert not verdict(results, len(results) - 1, leaking, 64)["one_ledger_line_per_request"]
+    # vLLM alone grew as much under the same load: only the growth beyond it is the method's
+    beyond = verdict(results, len(results), leaking, 64, control_mib=290.0)
+    assert beyond["memory_within_bound"] and beyond["vllm_alone_growth_mib"] == 290.0
+    assert not verdict(results, len(results), leaking, 64, control_mib=200.0)["memory_within_bound"]
+    assert verdict(results, None, rows, 64)["one_ledger_line_per_request"] is None  # vLLM alone
+
+
+def test_every_method_soak_shares_one_control_of_vllm_alone():
+    from bwprune.vllm.soak import ALONE, control_key, soak_key
+
+    ours, dense = serve_cfg("method=ours"), serve_cfg("method=dense")
+    assert control_key(ours) == control_key(dense) != soak_key(dense)
+    assert control_key(ours).split("/")[1] == ALONE and soak_key(ours).split("/")[1] == "ours"
+    dense.serve.kv_cache_gib = 0.1  # another load, another control
+    assert control_key(dense) != control_key(ours)
 
 
 def test_served_determinism_compares_with_the_first_answer_alone():
