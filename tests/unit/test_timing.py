@@ -5,12 +5,12 @@ sync per step."""
 import pytest
 import torch
 
-from bwprune.runs.interference import between, snapshot
 from bwprune.generation.speed import measure
 from bwprune.generation.timing import Precision, StepTimer, alternate, alternate_until
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import adapter_for
 from bwprune.report.speed_table import markdown_table
+from bwprune.runs.interference import between, snapshot
 from bwprune.runs.speedup import median_interval
 from tests.conftest import tiny_model
 
