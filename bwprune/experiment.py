@@ -67,7 +67,7 @@ def _run_job(cfg: DictConfig) -> dict:
     cost = CostTarget.from_config(cfg, benchmark)  # and bad cost settings; None: no cost target
     name = method_name(cfg)
     if cfg.generation.backend == "vllm":
-        refuse_unsupported(cfg, method, benchmark.kind)
+        refuse_unsupported(cfg, benchmark.kind)
     if cfg.generation.get("batch_invariant") and method.batch_coupled:
         raise UserError(
             f"generation.batch_invariant=true computes each row alone, but method={name} shares "

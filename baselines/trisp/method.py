@@ -73,7 +73,6 @@ class TriSP(PruningMethod):
         self.lora = LoraSettings(**{k: lora[k] for k in lora or {}})
         self.save_dir = save_dir
         self.edits_weights = self.sparsity > 0  # `prepare` leaves a smaller model
-        self.changes_shapes = self.edits_weights  # ... with layers of widths of their own
         self._sparsity: StepSparsity | None = None
 
     def _statistics(

@@ -191,14 +191,10 @@ class PruningMethod:
     contract suite, tests/contract/, holds every method to what it declares here).
     `edits_weights` is True when `prepare` changes the model's weights or shapes (static pruning):
     the model as loaded is then gone, and timing it against dense needs the model loaded again.
-    `changes_shapes` is True when `prepare` leaves layers of widths of their own (per-layer neuron
-    or head counts): an engine that builds every layer from the architecture's config (vLLM)
-    cannot load that model.
     """
 
     batch_coupled: bool = False
     edits_weights: bool = False
-    changes_shapes: bool = False
     sealed: ClassVar[dict[str, str]] = {"rows": "start", "setup": "prepare"}  # hook -> instead
 
     def __init_subclass__(cls, **kwargs) -> None:

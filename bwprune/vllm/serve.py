@@ -44,7 +44,7 @@ def export_served(cfg: DictConfig, folder: Path) -> PreparedModel:
     """Prepare the run's method on its model and write what the server loads into `folder`: the
     (pruned) weights and config, the tokenizer, and the prepared method with its ledger."""
     method = build_method(cfg.method)
-    refuse_unsupported(cfg, method, "generate")
+    refuse_unsupported(cfg, "generate")
     from bwprune.vllm.runner import export_model
 
     prepared = prepare_loaded(*load_model(cfg.model, cfg.paths.cache_dir), method)

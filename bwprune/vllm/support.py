@@ -5,10 +5,9 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from bwprune.errors import UserError
-from bwprune.methods.base import PruningMethod
 
 
-def refuse_unsupported(cfg: DictConfig, method: PruningMethod, kind: str) -> None:
+def refuse_unsupported(cfg: DictConfig, kind: str) -> None:
     """One line naming what `generation.backend=vllm` cannot run, and why; `kind`: the
     benchmark's kind (generate | perplexity)."""
     gen = cfg.generation
