@@ -34,21 +34,25 @@ class SlotWrites:
     def __len__(self) -> int:
         return int(self.slots.numel())
 
-    def gather(self, weight: torch.Tensor, dim: int = 0, parts: int = 1) -> torch.Tensor:
+    def gather(
+        self, weight: torch.Tensor, dim: int = 0, parts: int = 1, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """`weight`'s rows (dim 0) or columns (dim 1) of the written neurons, zeros for `EMPTY`.
         `parts`: `weight` stacks that many FFN-sized blocks along `dim` (gate|up: 2); the
-        written neurons' rows of each block come block after block, in one gather."""
+        written neurons' rows of each block come block after block, in one gather. `out`: a
+        contiguous tensor of the result's shape to gather into (a refill's buffer: one pass
+        over the weights instead of a gather and a copy)."""
         full = self.entered == len(self)  # no slot is emptied: every neuron is a real one
         neurons = self.neurons if full else self.neurons.clamp_min(0)
         if parts > 1:
             block = weight.shape[dim] // parts
             neurons = torch.cat([neurons + j * block for j in range(parts)])
-        picked = weight.index_select(dim, neurons)
+        picked = torch.index_select(weight, dim, neurons, out=out)
         if full:
             return picked
         shape = [1, 1]
         shape[dim] = -1
-        return picked.masked_fill((self.neurons < 0).repeat(parts).view(shape), 0)
+        return picked.masked_fill_((self.neurons < 0).repeat(parts).view(shape), 0)
 
 
 def capacity(kept: int, align: int) -> int:

@@ -107,16 +107,16 @@ class PackedKeptWeights:
         tensor seen as (rows / P, cols, P). The slots come in ascending order, so rows of one
         panel are written one after another while its cache lines are still near."""
         (gate_up, down_t), slots = self.sources, writes.slots
-        if writes.refill:  # every slot, in order: packing them afresh streams instead of scatters
-            pack = _ops().cpu_prepack_moe_weight
-            self.w13.copy_(pack(writes.gather(gate_up, parts=2)[None], ISA))
-            self.w2.copy_(pack(writes.gather(down_t).t()[None].contiguous(), ISA))
+        w13 = self.w13.view(-1, self.hidden, self.p13)
+        by_slot = self.w2.view(-1, self.slots, self.p2).transpose(0, 1)  # (C, H / P, P)
+        down_cols = writes.gather(down_t).view(len(slots), -1, self.p2)
+        if writes.refill:  # every slot, in order: a panel is the transpose of P gathered rows
+            w13.copy_(writes.gather(gate_up, parts=2).view(-1, self.p13, self.hidden).mT)
+            by_slot.copy_(down_cols)
             return
         rows = torch.cat([slots, slots + self.slots])  # gate rows, then up rows
-        w13 = self.w13.view(-1, self.hidden, self.p13)
         w13[rows // self.p13, :, rows % self.p13] = writes.gather(gate_up, parts=2)
-        by_slot = self.w2.view(-1, self.slots, self.p2).transpose(0, 1)  # (C, H / P, P)
-        by_slot.index_copy_(0, slots, writes.gather(down_t).view(len(slots), -1, self.p2))
+        by_slot.index_copy_(0, slots, down_cols)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """(T, H) -> (T, H): every token through the one expert, weight 1."""
