@@ -331,7 +331,10 @@ def _median_phases(phases: list[dict]) -> dict:
 
 
 def _summarize(batch: int, samples: dict[str, list[dict]], bytes_: dict, confidence: float):
-    frozen_r: dict[str, float] = {}  # per engine: measured speedup of an every-step-sparse method
+    """One row per label. A scheduled method's ideal from a measured sparse step (`ideal_measured_r`)
+    takes that step from its own mask-frozen variant, labelled `<method>_frozen` on the same engine
+    (conf/bench/default.yaml), not from whichever every-step-sparse method (Griffin, TriSP) ran."""
+    frozen_r: dict[str, float] = {}  # label -> measured step speedup of an every-step-sparse row
     rows = []
     for name, runs in samples.items():
         engine = name.partition("@")[2]
@@ -355,12 +358,13 @@ def _summarize(batch: int, samples: dict[str, list[dict]], bytes_: dict, confide
                        step_speedup=step_r, bandwidth_bound=bound,
                        ideal_bandwidth=schedule_ideal(f, bound))  # fmt: skip
             if f == 1.0:
-                frozen_r[engine] = step_r
+                frozen_r[name] = step_r
         if runs[0].get("phases"):
             row["phases"] = _median_phases([r["phases"] for r in runs])
         rows.append(row)
     for row in rows:
-        r = frozen_r.get(row["method"].partition("@")[2])
+        method, at, engine = row["method"].partition("@")
+        r = frozen_r.get(f"{method}_frozen{at}{engine}")
         if r is not None and "sparse_fraction" in row and 0 < row["sparse_fraction"] < 1:
             row["ideal_measured_r"] = schedule_ideal(row["sparse_fraction"], r)
     return rows

@@ -57,8 +57,6 @@ def measure_vllm(
     hf = BatchedRunner(model, prepared.tokenizer, methods["dense"], adapter,
                        SamplingConfig(new_tokens, ignore_eos=True),
                        ledger=SparsityLedger(adapter, device))  # fmt: skip
-    # methods with engines of their own first: `timed_rows` takes the last every-step-sparse row
-    # of an engine (ours_frozen's) as its measured sparse step, and TriSP's steps are all sparse
     drivers = {f"{label}@{name}": (e, e.driver_for(e.method, SparsityLedger(adapter, device)))
                for label, mine in (own or {}).items() for name, e in mine.items()}  # fmt: skip
     drivers |= {f"{label}@{name}": (e, e.driver_for(m, SparsityLedger(adapter, device)))

@@ -5,13 +5,14 @@ sync per step."""
 import pytest
 import torch
 
+from bwprune.generation import speed
 from bwprune.generation.speed import measure
 from bwprune.generation.timing import Precision, StepTimer, alternate, alternate_until
 from bwprune.methods.base import PruningMethod
 from bwprune.models.adapters import adapter_for
 from bwprune.report.speed_table import markdown_table
 from bwprune.runs.interference import between, snapshot
-from bwprune.runs.speedup import median_interval
+from bwprune.runs.speedup import median_interval, schedule_ideal
 from tests.conftest import tiny_model
 
 
@@ -108,3 +109,22 @@ def test_make_bench_times_through_the_same_procedure_and_shows_its_intervals():
     s = again["speedup_decode"]
     assert s["low"] == s["min"] and s["high"] == s["max"]  # 6 repeats: (min, max) at 95 %
     assert "Speedups: median [95% interval of the median]" in markdown_table(rows)
+
+
+def test_a_scheduled_methods_ideal_comes_from_its_own_mask_frozen_step():
+    """Griffin (every step sparse, a faster step) timed last must not lend ours its step."""
+
+    def run(step_ms: float, f: float) -> dict:
+        decode = 64 * step_ms / 1000
+        sparsity = {"sparse_step_fraction": f, "ffn_sparse_steps": f, "params": 0.2 * f}
+        return {"prefill_s": 0.1, "decode_s": decode, "e2e_s": 0.1 + decode, "step_ms": step_ms,
+                "tokens_per_s": 64 / decode, "sparsity": sparsity}  # fmt: skip
+
+    samples = {label: [run(ms, f)] * 6 for label, ms, f in (
+        ("dense", 100.0, 0.0), ("ours", 90.0, 0.5), ("ours_frozen", 80.0, 1.0),
+        ("griffin", 50.0, 1.0), ("dense@c", 100.0, 0.0), ("ours@c", 90.0, 0.5),
+    )}  # fmt: skip
+    bytes_ = {"read": 100.0, "params": 100.0}
+    rows = {r["method"]: r for r in speed._summarize(4, samples, bytes_, 0.95)}
+    assert rows["ours"]["ideal_measured_r"] == pytest.approx(schedule_ideal(0.5, 100 / 80))
+    assert "ideal_measured_r" not in rows["ours@c"]  # no ours_frozen@c was timed
