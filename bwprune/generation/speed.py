@@ -331,9 +331,10 @@ def _median_phases(phases: list[dict]) -> dict:
 
 
 def _summarize(batch: int, samples: dict[str, list[dict]], bytes_: dict, confidence: float):
-    """One row per label. A scheduled method's ideal from a measured sparse step (`ideal_measured_r`)
-    takes that step from its own mask-frozen variant, labelled `<method>_frozen` on the same engine
-    (conf/bench/default.yaml), not from whichever every-step-sparse method (Griffin, TriSP) ran."""
+    """One row per label. A scheduled method's ideal from a measured sparse step
+    (`ideal_measured_r`) takes that step from its own mask-frozen variant, labelled
+    `<method>_frozen` on the same engine (conf/bench/default.yaml), not from whichever
+    every-step-sparse method (Griffin, TriSP) ran."""
     frozen_r: dict[str, float] = {}  # label -> measured step speedup of an every-step-sparse row
     rows = []
     for name, runs in samples.items():
