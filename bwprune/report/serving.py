@@ -15,6 +15,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from bwprune.report.stream import variant_label
+
 COLUMNS = {
     "method": "method", "rate": "offered req/s", "request_throughput": "req/s",
     "output_throughput": "tok/s", "ttft_p50": "TTFT p50 ms", "ttft_p99": "TTFT p99 ms",
@@ -39,8 +41,8 @@ def method_label(config: dict) -> str:
     """The method's name, with its memory policy where it has one (`ours`): served, it runs as a
     stream, whose default policy is not the paper's."""
     method = config.get("method", {})
-    policy = method.get("memory_policy")
-    return method.get("name", "?") + ("" if policy is None else f" ({policy})")
+    return variant_label(method.get("name", "?"), method.get("memory_policy"),
+                         method.get("on_enter"))  # fmt: skip
 
 
 def load_records(root: str | Path) -> pd.DataFrame:

@@ -37,10 +37,19 @@ def _twin_key(settings: str) -> str:
     return json.dumps(ident, sort_keys=True)
 
 
+def variant_label(name: str, policy: str | None, on_enter: str | None) -> str:
+    """`ours (decay)`, `ours (decay, defer)`: a method with its memory policy, if it has one, and
+    how it takes entering prompts where that is not the default (`prompt`)."""
+    parts = [p for p in (policy, None if on_enter == "prompt" else on_enter) if p]
+    return f"{name} ({', '.join(parts)})" if parts else name
+
+
 def label(method: str, variant: str) -> str:
-    """`ours (decay)`: the method, with its memory policy when it has one."""
-    policy = json.loads(variant).get("memory_policy")
-    return f"{method} ({policy or 'max'})" if method == "ours" else method
+    """A run's label: ours with its memory policy (runs recorded before policies: `max`)."""
+    if method != "ours":
+        return method
+    settings = json.loads(variant)
+    return variant_label(method, settings.get("memory_policy") or "max", settings.get("on_enter"))
 
 
 def stream_pairs(runs: pd.DataFrame) -> pd.DataFrame:

@@ -227,9 +227,10 @@ def test_the_streaming_benchmark_times_the_same_heavy_tailed_work_both_ways():
 def test_each_continuous_run_is_shown_beside_its_static_twin_only():
     """stream_pairs pairs on everything but the batching; static views leave streams out."""
 
-    def row(key, batching, policy, batch, kl):
+    def row(key, batching, policy, batch, kl, on_enter="prompt"):
         gen = {"max_new_tokens": 64, **({"batching": batching} if batching != "static" else {})}
-        method = {"sparsity": 0.5, **({"memory_policy": policy} if policy != "max" else {})}
+        method = {"sparsity": 0.5, **({"memory_policy": policy} if policy != "max" else {}),
+                  **({"on_enter": on_enter} if on_enter != "prompt" else {})}  # fmt: skip
         return {"run_key": key, "batching": batching, "method": "ours", "batch_size": batch,
                 "variant": json.dumps({k: v for k, v in method.items() if k != "sparsity"}),
                 "settings": json.dumps({"generation": gen, "method": method, "batch_size": batch}),
@@ -240,17 +241,22 @@ def test_each_continuous_run_is_shown_beside_its_static_twin_only():
         row("s-max-4", "static", "max", 4, 1.0), row("c-max-4", "continuous", "max", 4, 2.0),
         row("s-decay-4", "static", "decay", 4, 1.5),
         row("c-decay-4", "continuous", "decay", 4, 1.6),
+        row("s-defer-4", "static", "decay", 4, 1.5, "defer"),
+        row("c-defer-4", "continuous", "decay", 4, 1.7, "defer"),
         row("s-request-4", "static", "request", 4, 1.0),
         row("c-request-4", "continuous", "request", 4, 1.2),
         row("c-max-16", "continuous", "max", 16, 3.0),  # no static twin: left out
     ])  # fmt: skip
     pairs = stream_pairs(runs)
-    assert list(pairs["label"]) == ["ours (decay)", "ours (max)", "ours (request)"]
-    assert list(pairs["kl_static"]) == [1.5, 1.0, 1.0]
-    assert list(pairs["kl_continuous"]) == [1.6, 2.0, 1.2]
-    assert list(pairs["run_keys"]) == [("s-decay-4", "c-decay-4"), ("s-max-4", "c-max-4"),
+    assert list(pairs["label"]) == ["ours (decay)", "ours (decay, defer)", "ours (max)",
+                                    "ours (request)"]  # fmt: skip
+    assert list(pairs["kl_static"]) == [1.5, 1.5, 1.0, 1.0]
+    assert list(pairs["kl_continuous"]) == [1.6, 1.7, 2.0, 1.2]
+    assert list(pairs["run_keys"]) == [("s-decay-4", "c-decay-4"), ("s-defer-4", "c-defer-4"),
+                                       ("s-max-4", "c-max-4"),
                                        ("s-request-4", "c-request-4")]  # fmt: skip
-    assert set(static_runs(runs)["run_key"]) == {"s-max-4", "s-decay-4", "s-request-4"}
+    assert set(static_runs(runs)["run_key"]) == {"s-max-4", "s-decay-4", "s-defer-4",
+                                                 "s-request-4"}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", ["ours", "teal"])
