@@ -9,6 +9,11 @@ forward. What `handle` names is registered here (`register`), held weakly, so a 
 away takes its FFNs with it. Used by the HF loop's sliced MLP (`bwprune.models.sliced_mlp`) and by
 vLLM's routed MLPs (`bwprune.vllm.ffn_route`).
 
+The HF loop's compiled step, which guards on whether a kept set is in force, runs its dense steps
+as a graph of their own instead: gate, up and their product compiled as dense's are, and only the
+down projection, whose observers record Z, called through `bwprune::observed(z, handle, width)`
+(eagerly running the whole dense MLP in the op cost an observing step 3 ms more at batch 4).
+
 A CUDA graph would replay the op's first run instead of calling it, so where a step is captured
 into graphs (on CUDA) the sliced MLP is traced through instead (`opaque`), and a step whose FFN
 observers keep state runs eager there (`bwprune.engine.step`).
@@ -23,6 +28,7 @@ from collections.abc import Callable
 import torch
 
 OP = "bwprune::ffn"
+OBSERVED = "bwprune::observed"
 _FFNS: dict[int, weakref.ref] = {}  # handle -> one layer's FFN (a callable of x)
 _HANDLES = itertools.count()
 
@@ -50,3 +56,15 @@ def ffn(x: torch.Tensor, handle: int) -> torch.Tensor:
 @ffn.register_fake
 def _(x: torch.Tensor, handle: int) -> torch.Tensor:
     return torch.empty_like(x)
+
+
+@torch.library.custom_op(OBSERVED, mutates_args=())
+def observed(z: torch.Tensor, handle: int, width: int) -> torch.Tensor:
+    """Projection `handle` (to `width` features) of `z`, called as a module: its hooks (a
+    method's observers of Z) fire."""
+    return _FFNS[handle]()(z)
+
+
+@observed.register_fake
+def _(z: torch.Tensor, handle: int, width: int) -> torch.Tensor:
+    return z.new_empty(*z.shape[:-1], width)

@@ -130,14 +130,16 @@ class KeptFFN(nn.Module):
 
 class SlicedMLP(KeptFFN):
     """Wraps an HF gated MLP (gate_proj, up_proj, down_proj, act_fn); same output when dense.
-    Traced by a compiled step off CUDA it is the opaque op `bwprune::ffn` (`ffn_op`), so the
-    step runs the kept set and the observers in force at each call, in one graph."""
+    Traced by a compiled step off CUDA, a kept set is the opaque op `bwprune::ffn` (`ffn_op`),
+    so the step runs the kept set in force at each call; dense, it is traced (a graph of its own)
+    with the down projection behind `bwprune::observed`, so the observers in force fire."""
 
     def __init__(self, mlp: nn.Module) -> None:
         super().__init__(mlp.gate_proj.out_features)
         self.mlp = mlp
         self.opaque = ffn_op.opaque(mlp.gate_proj.weight.device)
         self.handle = ffn_op.register(self)
+        self.down_handle = ffn_op.register(mlp.down_proj)
         self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
         self.act_fn = mlp.act_fn
 
@@ -154,6 +156,12 @@ class SlicedMLP(KeptFFN):
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.opaque and torch.compiler.is_compiling():
+        if not (self.opaque and torch.compiler.is_compiling()):
+            return super().forward(x)
+        if self.index is not None:
             return torch.ops.bwprune.ffn(x, self.handle)
-        return super().forward(x)
+        # Dense (a method observing Z, or not yet pruning): a graph of its own, which computes
+        # gate, up and their product as compiled dense does, and calls the down projection as
+        # a module, through an op, so that its observers fire at run time.
+        z = self.act_fn(self.gate_proj(x)) * self.up_proj(x)
+        return torch.ops.bwprune.observed(z, self.down_handle, self.down_proj.out_features)

@@ -119,7 +119,7 @@ def test_compiled_step_generates_the_reference_tokens_and_never_recompiles(name)
     """Dynamo capture (backend `eager`: the same graph without code generation) of the decode
     step: the same tokens, and after the first batch no new graph — across mask refreshes,
     ours' dense/sparse alternation and a new batch of the same size. Off CUDA every step runs
-    compiled, ours' observing steps too: their observers run inside the FFN's opaque op."""
+    compiled, ours' observing steps too: their observers run at run time, through an op."""
     model, tok = tiny_model("tiny_llama")
     adapter = adapter_for(model)
     ref, _ = generate(model, tok, methods()[name], REFERENCE)

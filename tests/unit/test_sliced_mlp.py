@@ -98,3 +98,39 @@ def test_a_restart_fills_the_slots_afresh_in_the_buffers_it_has(tiny):
     fresh.set_index(second)
     assert torch.equal(sliced(x), fresh(x))  # bit for bit: the same order as a fresh start
     torch.testing.assert_close(moved, fresh(x), atol=1e-5, rtol=1e-5)
+
+
+def test_compiled_dense_path_is_traced_and_its_observers_fire_at_run_time(tiny):
+    """Off CUDA a compiled step runs a kept set as the opaque op, and a dense step as a graph of
+    its own: gate, up and their product traced (compiled as dense is), the down projection
+    called as a module through an op, so an observer on it sees Z at every call, not once at
+    tracing. Both give the eager output."""
+    model, _ = tiny
+    mlp = adapter_for(model).ffn(0).mlp
+    sliced = SlicedMLP(mlp)
+    seen: list[torch.Tensor] = []
+    hook = sliced.down_proj.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    graphs: list[set[str]] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm
+
+    torch._dynamo.reset()
+    step = torch.compile(sliced, backend=backend, dynamic=False)
+    x = torch.randn(3, 1, model.config.hidden_size)
+    try:
+        for call in range(3):
+            seen.clear()
+            assert torch.equal(step(x * call), sliced.dense(x * call))
+            assert len(seen) == 2 and torch.equal(seen[0], seen[1])  # the op's call, dense's
+        sliced.set_index(torch.randperm(sliced.d_ff)[:37])
+        torch.testing.assert_close(step(x), masked_reference(mlp, x, sliced.index))
+        assert len(graphs) == 2
+        dense, kept = graphs
+        assert "bwprune.observed" in dense and "bwprune.ffn" not in dense
+        assert any("linear" in t for t in dense)  # gate and up in the graph
+        assert kept == {"bwprune.ffn"}
+    finally:
+        hook.remove()
+        torch._dynamo.reset()
