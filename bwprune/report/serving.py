@@ -38,8 +38,9 @@ NOTE = (
 
 
 def method_label(config: dict) -> str:
-    """The method's name, with its memory policy where it has one (`ours`): served, it runs as a
-    stream, whose default policy is not the paper's."""
+    """The method's name, with its memory policy where it has one (`ours`: served, it runs as a
+    stream, whose default policy is not the paper's) and its `on_enter` where that is not the
+    default (`bwprune.report.stream.variant_label`)."""
     method = config.get("method", {})
     return variant_label(method.get("name", "?"), method.get("memory_policy"),
                          method.get("on_enter"))  # fmt: skip
