@@ -70,8 +70,9 @@ class FFNSlot:
 class PhaseLog:
     """Where a generation's decode time goes, as a host sees it: the kind of every decode
     forward (`dense`: no kept set, observing or not; `sparse`: kept sets in force; `refresh`: a
-    sparse forward whose kept sets changed just before it), and per refresh its host time and,
-    per layer, the fraction of kept neurons that stayed in place (1 − entered / kept).
+    sparse forward whose kept sets changed just before it), per refresh its host time and, per
+    layer, the fraction of kept neurons that stayed in place (1 − entered / kept), and per
+    forward whose activations a sharded host gathered, the gathers' time over its layers.
 
     Bounded to the last `STEPS` forwards and `REFRESHES` refreshes: a stream is one generation,
     and a server's never ends (nor does anyone read its log)."""
@@ -84,16 +85,25 @@ class PhaseLog:
     overlap: deque[list[float]] = field(  # per refresh, per layer
         default_factory=lambda: deque(maxlen=PhaseLog.REFRESHES)
     )
+    gather_s: deque[float] = field(default_factory=lambda: deque(maxlen=PhaseLog.STEPS))
 
     def clear(self) -> None:
         self.kinds.clear()
         self.refresh_s.clear()
         self.overlap.clear()
+        self.gather_s.clear()
+
+    def gathered(self, layer: int, seconds: float) -> None:
+        """A layer's activations were gathered across shards (layer 0: a new forward)."""
+        if layer == 0 or not self.gather_s:
+            self.gather_s.append(seconds)
+        else:
+            self.gather_s[-1] += seconds
 
     def summary(self, step_s: list[float]) -> dict:
         """Median ms of each kind of step (`step_s`: the same forwards' wall times, in order),
         refreshes and their median host ms, and the mean overlap of kept sets over refreshes
-        and layers."""
+        and layers; with shards, the median ms of a forward's gathers."""
         times: dict[str, list[float]] = {}
         for kind, seconds in zip(list(self.kinds)[-len(step_s) :] if step_s else [], step_s):
             times.setdefault(kind, []).append(seconds)
@@ -104,6 +114,8 @@ class PhaseLog:
             stayed = [o for layers in self.overlap for o in layers]
             if stayed:
                 out["overlap"] = statistics.fmean(stayed)
+        if self.gather_s:
+            out["gather_ms"] = 1e3 * statistics.median(self.gather_s)
         return out
 
 
@@ -173,6 +185,11 @@ class Host:
         """The method's view of the forward about to run (see `bwprune.engine.protocol`)."""
         raise NotImplementedError
 
+    def whole(self, layer: int, z: torch.Tensor) -> torch.Tensor:
+        """Layer `layer`'s FF activation Z as the method sees it: every neuron of the layer (a
+        host whose engine shards the FFN gathers the shards, `PhaseLog.gathered`)."""
+        return z
+
     def flat(self, x: torch.Tensor) -> torch.Tensor:
         """A hidden state of this forward -> (N, D) in `tokens` order."""
         raise NotImplementedError
@@ -239,7 +256,7 @@ class Host:
                 self._applied[i] = index
                 written |= writes is not None
                 if writes is not None and not writes.refill:  # a refill has no predecessor
-                    overlap.append(1.0 - writes.entered / max(1, int(index.numel())))
+                    overlap.append(1.0 - writes.entered / max(1, self.sliced[i].kept))
         if not written:
             return False
         self.log.refresh_s.append(time.perf_counter() - start)
@@ -261,7 +278,7 @@ class Host:
 
         def read_z(module: nn.Module, args: tuple) -> None:
             if method.phase is not None:
-                method.observe(layer, self.flat(args[0]), self._tokens)
+                method.observe(layer, self.flat(self.whole(layer, args[0])), self._tokens)
 
         return read_z
 

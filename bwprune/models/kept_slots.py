@@ -10,7 +10,9 @@ that bookkeeping alone — which neuron each slot holds — so every host and ev
 
 Capacity is the kept count rounded up to `align` (a kernel's panel width); a slot that holds no
 neuron holds zero weights and adds exactly nothing. A kept count of another capacity (a
-threshold method's, which moves with the batch) refills every slot.
+threshold method's, which moves with the batch) refills every slot, unless the slots only
+`grow`: then a set that fits keeps them, and only a larger one refills (a tensor-parallel rank's
+share of a global kept set moves with every refresh: `bwprune.vllm.host`).
 """
 
 from __future__ import annotations
@@ -63,8 +65,9 @@ def capacity(kept: int, align: int) -> int:
 class KeptSlots:
     """Which neuron each of a fixed number of slots holds, for one FFN of `d_ff` neurons."""
 
-    def __init__(self, d_ff: int, align: int = 1) -> None:
-        self.d_ff, self.align = d_ff, align
+    def __init__(self, d_ff: int, align: int = 1, grow: bool = False) -> None:
+        """`grow`: capacity follows the largest kept count seen, never a smaller one."""
+        self.d_ff, self.align, self.grow = d_ff, align, grow
         self.slots: torch.Tensor | None = None  # (capacity,) neuron per slot, EMPTY for none
         self._resident: torch.Tensor | None = None  # (d_ff,) bool: held by some slot
         self._held = 0  # slots holding a neuron
@@ -79,7 +82,7 @@ class KeptSlots:
         Entering neurons take the slots of leaving ones first, then empty slots; a leaving
         neuron whose slot no entering one takes leaves it empty."""
         kept = int(index.numel())
-        if self.slots is None or capacity(kept, self.align) != self.capacity:
+        if self.slots is None or self._capacity(kept) != self.capacity:
             return self._refill(index)
         wanted = torch.zeros(self.d_ff, dtype=torch.bool, device=index.device)
         wanted[index] = True
@@ -102,8 +105,13 @@ class KeptSlots:
         self._held = kept
         return SlotWrites(slots, neurons, len(entering), refill=False)
 
+    def _capacity(self, kept: int) -> int:
+        """Slots for a set of `kept` neurons (at least one slot, so a kernel has a shape)."""
+        needed = capacity(max(kept, 1), self.align)
+        return max(needed, self.capacity) if self.grow else needed
+
     def _refill(self, index: torch.Tensor) -> SlotWrites:
-        slots = torch.full((capacity(int(index.numel()), self.align),), EMPTY,
+        slots = torch.full((self._capacity(int(index.numel())),), EMPTY,
                            dtype=torch.long, device=index.device)  # fmt: skip
         slots[: index.numel()] = index
         self.slots = slots

@@ -80,12 +80,13 @@ class KeptFFN(nn.Module):
     """An FFN that computes a kept set when one is set, through slot weights a subclass builds;
     dense otherwise (`dense`). Shared by the hosts, so each moves the same neurons."""
 
-    def __init__(self, d_ff: int, align: int = 1) -> None:
-        """`align`: slots come in multiples of it (a kernel's panel width)."""
+    def __init__(self, d_ff: int, align: int = 1, grow: bool = False) -> None:
+        """`align`: slots come in multiples of it (a kernel's panel width); `grow`: a smaller
+        kept set keeps the slots (`KeptSlots`)."""
         super().__init__()
         self.d_ff = d_ff
         self.index: torch.Tensor | None = None
-        self.slots = KeptSlots(d_ff, align)
+        self.slots = KeptSlots(d_ff, align, grow)
         self.weights: SlotWeights | None = None
 
     # -- a subclass -------------------------------------------------------------------------------
@@ -122,7 +123,7 @@ class KeptFFN(nn.Module):
         """Dense, and the next kept set fills the slots afresh, in its own order (the buffers
         stay): a generation then computes the same whatever ran before it."""
         self.index = None
-        self.slots = KeptSlots(self.d_ff, self.slots.align)
+        self.slots = KeptSlots(self.d_ff, self.slots.align, self.slots.grow)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dense(x) if self.index is None else self.weights(x)

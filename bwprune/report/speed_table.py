@@ -60,8 +60,9 @@ PHASE_COLUMNS = (
 def phase_table(rows: list[dict]) -> str:
     """Where the decode time of the rows that ran kept sets goes (`PhaseLog.summary`, medians
     over repeats): each kind of step, the host's time per refresh, how many kept neurons stayed
-    per refresh, and the decode speedup against its schedule-aware ideal; "" when no row ran
-    a kept set."""
+    per refresh, and the decode speedup against its schedule-aware ideal (and, where a row ran
+    on tensor-parallel shards, the ms its forwards spent gathering them); "" when no row ran a
+    kept set."""
     rows = [r for r in rows if r.get("phases", {}).get("sparse_step_ms") is not None]
     if not rows:
         return ""
@@ -69,7 +70,9 @@ def phase_table(rows: list[dict]) -> str:
     def fmt(v, digits=1):
         return "–" if v is None else f"{v:.{digits}f}"
 
-    lines = ["| " + " | ".join(PHASE_COLUMNS) + " |", "|" + "---|" * len(PHASE_COLUMNS)]
+    sharded = any("gather_ms" in r["phases"] for r in rows)
+    columns = PHASE_COLUMNS + (("all-gather ms per observing forward",) if sharded else ())
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
         p, ideal = r["phases"], r.get("ideal_measured_r")
         of_ideal = None if not ideal else r["speedup_decode"]["median"] / ideal
@@ -77,6 +80,8 @@ def phase_table(rows: list[dict]) -> str:
                  fmt(p.get("sparse_step_ms")), fmt(p.get("refresh_step_ms")),
                  fmt(p.get("refresh_ms"), 2), str(round(p.get("refreshes", 0))),
                  fmt(p.get("overlap"), 3), fmt(of_ideal, 2)]  # fmt: skip
+        if sharded:
+            cells.append(fmt(p.get("gather_ms"), 2))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -32,6 +32,7 @@ from omegaconf import OmegaConf
 from bwprune.benchmarks.selection import select_examples
 from bwprune.config import build, build_method, compose_config
 from bwprune.engine.protocol import MethodDriver
+from bwprune.errors import UserError
 from bwprune.generation.prepared import prepare_loaded
 from bwprune.generation.prompts import batch_prompts
 from bwprune.generation.runner import BatchedRunner, Completion, Forcing, SamplingConfig
@@ -39,7 +40,7 @@ from bwprune.methods.base import Phase, Tokens
 from bwprune.methods.neuron_set import NeuronSetMethod
 from bwprune.methods.thresholds import ThresholdMethod
 from bwprune.models.loading import load_model
-from bwprune.vllm.runner import VLLMRunner
+from bwprune.vllm.runner import EngineMethod, VLLMRunner
 
 SHARED = -1  # the key of a decode step's one batch-shared mask row
 
@@ -275,10 +276,14 @@ def ledgers_differ(a: dict, b: dict, tol: float = 1e-9) -> bool:
     return any(abs(x - y) > tol for x, y in values)
 
 
-def compare_batch(hf: BatchedRunner, vllm: VLLMRunner, driver: MethodDriver,
+def compare_batch(hf: BatchedRunner, vllm: VLLMRunner, driver: EngineMethod,
                   ids: torch.Tensor, attn: torch.Tensor) -> Tally:  # fmt: skip
     """The batch's (left-padded `ids`, `attn`) HF completions, forced through both engines:
-    `hf`'s method through `hf`, and through `vllm` by `driver` (a vLLM driver of that method)."""
+    `hf`'s method through `hf`, and through `vllm` by `driver` (that method installed in
+    `vllm`'s one worker, in this process: its decisions are recorded where they are made)."""
+    if driver.local is None:
+        raise UserError("the engines are compared with vLLM's one worker in this process "
+                        "(generation.vllm.tensor_parallel_size=1)")  # fmt: skip
     reference, _ = hf.generate_tokens(ids, attn)
     tokens = [c.token_ids for c in reference]
     lengths = [len(t) for t in tokens]
@@ -291,8 +296,8 @@ def compare_batch(hf: BatchedRunner, vllm: VLLMRunner, driver: MethodDriver,
         hf_out, _ = hf.generate_tokens(
             ids, attn, forced=forced, observe=lambda i, x: mine.observe(i, x, lengths)
         )
-    theirs = Capture(vllm_origin(vllm, driver))
-    with capturing(driver, theirs), forcing(vllm, tokens, theirs):
+    theirs = Capture(vllm_origin(vllm, driver.local))
+    with capturing(driver.local, theirs), forcing(vllm, tokens, theirs):
         out, _ = vllm.generate_with(driver, ids, attn, lengths, hf.stop_ids.tolist())
     check_forced(tokens, hf_out, out)
     tally = compare_captures(mine, theirs)

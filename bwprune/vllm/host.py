@@ -7,9 +7,19 @@ as the HF loop would — a `(B, T)` mask in slot order — and gives this host t
 that order to vLLM's (`place`), so the method sees the same tokens in the same order in either
 engine. Kept sets run as `SlicedMLP`s over the weights the plugin kept; keep masks zero entries
 of vLLM's hidden states, which are sometimes tuples (fused add-norm) or fused (gate|up).
+
+Under tensor parallelism each worker holds a contiguous shard of every FFN's neurons (gate|up
+column-parallel, down row-parallel) and runs its own host on its own copy of the method. The
+observer gathers the shards' activations, so every rank's method sees the whole FFN and decides
+the same global kept set (`tp_select: global`, the paper's set exactly); each rank computes the
+part of it in its shard and the partial down projections are summed across ranks, as vLLM's own
+row-parallel layer sums them for the dense FFN.
 """
 
 from __future__ import annotations
+
+import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -31,18 +41,57 @@ def _with_first(value, x: torch.Tensor):
     return (x, *value[1:]) if isinstance(value, tuple) else x
 
 
+@dataclass(frozen=True)
+class Shard:
+    """This worker's place in vLLM's tensor-parallel group: rank `rank` of `size`."""
+
+    rank: int = 0
+    size: int = 1
+
+    @classmethod
+    def current(cls) -> Shard:
+        """The calling worker's (a model outside a vLLM worker: the whole model)."""
+        from vllm.distributed import parallel_state as ps
+
+        if not ps.model_parallel_is_initialized():
+            return cls()
+        return cls(ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size())
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., D/size) shards of every rank -> (..., D), in neuron order."""
+        if self.size == 1:
+            return x
+        from vllm.distributed import get_tp_group
+
+        return get_tp_group().all_gather(x.contiguous(), dim=-1)
+
+    def reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rank's partial sum -> the sum."""
+        if self.size == 1:
+            return x
+        from vllm.distributed import tensor_model_parallel_all_reduce
+
+        return tensor_model_parallel_all_reduce(x)
+
+
 class SlicedMLP(KeptFFN):
     """A vLLM gated MLP (gate_up_proj, act_fn, down_proj) computing only the neurons of an
     index, over slot weights changed in place: packed for vLLM's CPU MoE kernel where it runs
-    (`bwprune.vllm.packed`), plain matrices otherwise (a GPU: in-place index copies)."""
+    (`bwprune.vllm.packed`), plain matrices otherwise (a GPU: in-place index copies).
 
-    def __init__(self, mlp: nn.Module, gate_up: torch.Tensor, down: torch.Tensor) -> None:
+    Sharded, the index is global and this rank computes its own neurons of it: a number that
+    moves with every refresh, so its slots only grow (`KeptSlots`) and a refresh still writes
+    only the neurons that changed."""
+
+    def __init__(self, mlp: nn.Module, gate_up: torch.Tensor, down: torch.Tensor,
+                 shard: Shard = Shard()) -> None:  # fmt: skip
         d_ff = down.shape[1]
         gate_up_bias = getattr(mlp.gate_up_proj, "bias", None)
         down_bias = getattr(mlp.down_proj, "bias", None)
         biased = gate_up_bias is not None or down_bias is not None
         in_kernel = packed.supported(down.shape[0], down.dtype, down.device, biased)
-        super().__init__(d_ff, packed.ALIGN if in_kernel else 1)
+        super().__init__(d_ff, packed.ALIGN if in_kernel else 1, grow=shard.size > 1)
+        self.shard, self.first = shard, shard.rank * d_ff  # the global index of neuron 0 here
         self.packed, self.down_bias = in_kernel, down_bias
         self.mlp, self.act_fn = mlp, mlp.act_fn
         self.gate_up, self.down = gate_up, down  # (2 D_ff, H): gate rows then up rows; (H, D_ff)
@@ -60,6 +109,16 @@ class SlicedMLP(KeptFFN):
                            (self.gate_bias, self.up_bias, self.down_bias), self.act_fn,
                            slots)  # fmt: skip
 
+    def set_index(self, index: torch.Tensor | None):
+        if index is not None and self.shard.size > 1:
+            mine = (index >= self.first) & (index < self.first + self.d_ff)
+            index = index[mine] - self.first
+        return super().set_index(index)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        return out if self.index is None else self.shard.reduce(out)  # dense: vLLM's reduces
+
     def dense(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp.dense(x)
 
@@ -76,6 +135,20 @@ def compilable(method: PruningMethod) -> bool:
     return set(method.sites) <= FFN_SITES
 
 
+def refuse_sharding(method: PruningMethod, size: int, own_widths: bool) -> None:
+    """One line if `method` cannot run on `size` tensor-parallel workers: a keep mask of a shard
+    would be the method's whole view of a layer (its ledger would count one shard), and a model
+    of per-layer widths (TriSP's) is split by no rule vLLM knows."""
+    if size == 1:
+        return
+    if own_widths or (decides_per_forward(method) and not isinstance(method, NeuronSetMethod)):
+        raise UserError(
+            f"{type(method).__name__} cannot run at generation.vllm.tensor_parallel_size={size}: "
+            "there, run a method that keeps neuron sets (ours, griffin) or prunes weights in "
+            "place (dense, wanda)"
+        )
+
+
 class VLLMHost(Host):
     """The glue on a vLLM model built by the plugin (`bwprune.vllm.plugin`)."""
 
@@ -83,6 +156,7 @@ class VLLMHost(Host):
         """`compiled`: the engine runs the model under torch.compile."""
         super().__init__(method)
         self.compiled = compiled
+        self.shard = Shard.current()
         self._order: torch.Tensor | None = None  # vLLM's index of each token; None: the same
 
     def attach(self, model: nn.Module, adapter=None):
@@ -124,7 +198,7 @@ class VLLMHost(Host):
     def ffns(self, model: nn.Module, adapter=None) -> list[FFNSlot]:
         layers = model.model.layers
         if [s.mlp for s in self.sliced] != [layer.mlp for layer in layers]:
-            self.sliced = [SlicedMLP(layer.mlp, *w) for layer, w in
+            self.sliced = [SlicedMLP(layer.mlp, *w, self.shard) for layer, w in
                            zip(layers, self.mlp_weights(model))]  # fmt: skip
         return [FFNSlot(layer.mlp.bwprune_route, "impl", layer.mlp.down_proj, s)
                 for layer, s in zip(layers, self.sliced)]  # fmt: skip
@@ -151,6 +225,14 @@ class VLLMHost(Host):
 
     def tokens(self, ctx: StepContext, valid: torch.Tensor, slots: torch.Tensor | None) -> Tokens:
         return self.padded_tokens(ctx, valid, slots)
+
+    def whole(self, layer: int, z: torch.Tensor) -> torch.Tensor:
+        if self.shard.size == 1:
+            return z
+        start = time.perf_counter()
+        z = self.shard.gather(z)
+        self.log.gathered(layer, time.perf_counter() - start)
+        return z
 
     def flat(self, x: torch.Tensor) -> torch.Tensor:
         return x if self._order is None else x[self._order]

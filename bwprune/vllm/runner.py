@@ -2,10 +2,12 @@
 
 `VLLMRunner.generate_tokens` takes the HF runner's left-padded ids and gives back the same
 `Completion`s and `BatchTiming` (`bwprune.generation.runner`), so evaluation, scoring, records,
-resume, shards, tables and W&B treat a vLLM run like any other. vLLM runs in this process
+resume, shards, tables and W&B treat a vLLM run like any other. vLLM's engine runs in this process
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): its scheduler then takes every request of a batch before
-its first step — the static batch the method's protocol and the HF host's equality need — and the
-method, prepared on the HF model, is bound to vLLM's model directly (`bwprune.vllm.session`).
+its first step — the static batch the method's protocol and the HF host's equality need. The
+method, prepared on the HF model, is installed in vLLM's workers and bound to their forwards
+through `bwprune.vllm.ranks`: one worker in this process, or one per tensor-parallel rank
+(`generation.vllm.tensor_parallel_size`), each a process of its own.
 Prompts go in as token ids and completions come back as ids, decoded by the run's tokenizer, so
 both backends see and score the same text.
 
@@ -27,7 +29,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -45,16 +47,18 @@ from bwprune.generation.prompts import batch_prompts
 from bwprune.generation.runner import BatchedRunner, BatchTiming, Completion
 from bwprune.generation.timing import Precision, alternate_until
 from bwprune.methods.base import PruningMethod
+from bwprune.methods.host import decides_per_forward
 from bwprune.models.loading import load_model
 from bwprune.runs.speedup import timed_ratios
+from bwprune.vllm import ranks
 from bwprune.vllm.ffn_route import SPLITTING_OP
-from bwprune.vllm.host import VLLMHost, compilable
-from bwprune.vllm.session import Session, StreamSession
+from bwprune.vllm.host import compilable, refuse_sharding
 
 UNMIXED = "bwprune.vllm.scheduler.UnmixedScheduler"  # imported by vLLM, never before it
 
 log = logging.getLogger(__name__)
 COMPILE = ("auto", "true", "false")
+EXECUTORS = ("mp", "ray")  # vLLM's distributed_executor_backend for more than one worker
 # vLLM logs its set-up at length (and a harmless traceback: no tokenizer, by design) into a run's
 # console; it reads its level once, when first imported, which a run does after this module.
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -67,6 +71,8 @@ class VLLMSettings:
     compile: str  # auto (CUDA only) | true | false; never for methods deciding per forward
     kv_cache_gib: float  # KV cache memory (on CPU vLLM otherwise reserves most of the node's RAM)
     max_model_len: int | None  # longest prompt + completion; null: the model's own
+    tensor_parallel_size: int = 1  # workers, each a shard of every layer (sums in another order)
+    executor: str = "mp"  # how vLLM starts them: processes of its own (mp) or Ray actors
 
     @classmethod
     def from_config(cls, gen: Mapping) -> VLLMSettings:
@@ -74,7 +80,62 @@ class VLLMSettings:
         if str(v.compile).lower() not in COMPILE:
             raise choices_error("generation.vllm.compile", v.compile, COMPILE)
         length = None if v.max_model_len is None else int(v.max_model_len)
-        return cls(str(v.compile).lower(), float(v.kv_cache_gib), length)
+        executor = str(v.get("executor", "mp"))
+        if executor not in EXECUTORS:
+            raise choices_error("generation.vllm.executor", executor, EXECUTORS)
+        return cls(str(v.compile).lower(), float(v.kv_cache_gib), length,
+                   int(v.get("tensor_parallel_size", 1)), executor)  # fmt: skip
+
+
+def thread_binding(size: int) -> str:
+    """vLLM's CPU workers' cores (`VLLM_CPU_OMP_THREADS_BIND`): this process's cores split into
+    `size` contiguous groups, one per worker (vLLM's own default binds by NUMA node, and fails
+    where there are fewer nodes than workers). With fewer cores than workers, workers share
+    cores one each, in turn: correct, and slow (a model whose heads divide only by a larger size
+    than the machine has cores, e.g. SmolLM2-135M's 9 heads at size 3 on 2 cores)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < size:
+        log.warning("vLLM: %d workers share %d cores (each worker's forwards wait on the others')",
+                    size, len(cores))  # fmt: skip
+        return "|".join(str(cores[r % len(cores)]) for r in range(size))
+    share = len(cores) // size
+    return "|".join(",".join(map(str, cores[r * share : (r + 1) * share])) for r in range(size))
+
+
+@contextmanager
+def workers_bound(size: int) -> Iterator[None]:
+    """vLLM's CPU workers bound to their shares of the cores (`thread_binding`) while an engine
+    of `size` workers starts, unless the shell binds them (`VLLM_CPU_OMP_THREADS_BIND` set to other
+    than `auto`). vLLM freezes its settings once an engine has started in a process (its env
+    cache), so the cache is cleared around the start: a later engine in the same process reads
+    its own binding, not this one's."""
+    key = "VLLM_CPU_OMP_THREADS_BIND"
+    if size == 1 or os.environ.get(key, "auto") != "auto":
+        yield
+        return
+    from vllm import envs
+
+    before = os.environ.get(key)
+    envs.disable_envs_cache()
+    os.environ[key] = thread_binding(size)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[key]
+        else:
+            os.environ[key] = before
+        envs.disable_envs_cache()
+
+
+@dataclass(frozen=True)
+class EngineMethod:
+    """A method installed in every worker of an engine (`bwprune.vllm.ranks`) under `key`.
+    `local`: its driver, when vLLM's one worker runs in this process (None under tensor
+    parallelism: the drivers live in the workers' processes)."""
+
+    key: str
+    local: MethodDriver | None
 
 
 def compilation_config(compiled: bool, glued: bool, device: torch.device) -> dict | None:
@@ -141,31 +202,40 @@ class VLLMRunner:
         os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
         from vllm import LLM
 
+        from bwprune.vllm.widths import STRUCTURE_KEY
+
         self.hf, self.prepared, self.method = hf, prepared, prepared.method
         self.tokenizer, self.sampling, self.device = hf.tokenizer, hf.sampling, hf.device
         self.settings, self.slots = settings, slots
         self.compiled = self._compiled()
-        self.host = VLLMHost(self.method, self.compiled)
+        glued = decides_per_forward(self.method)
+        size = settings.tensor_parallel_size
+        refuse_sharding(self.method, size, hasattr(prepared.model.config, STRUCTURE_KEY))
         dtype = str(next(prepared.model.parameters()).dtype).removeprefix("torch.")
         longest = settings.max_model_len or prepared.model.config.max_position_embeddings
         started = time.perf_counter()
-        self.llm = LLM(
-            model=str(folder), skip_tokenizer_init=True, dtype=dtype, seed=seed,
-            enforce_eager=not self.compiled,
-            enable_prefix_caching=prefix_caching and not self.host.glued,
-            max_num_seqs=slots, max_model_len=settings.max_model_len, load_format=load_format,
-            # prompts run whole, in forwards of their own (`bwprune.vllm.scheduler`)
-            scheduler_cls=UNMIXED, enable_chunked_prefill=False,
-            max_num_batched_tokens=max(2048, slots * prompt_tokens, longest),
-            kv_cache_memory_bytes=int(settings.kv_cache_gib * 2**30),
-            hf_overrides={"architectures": [plugin_architecture(prepared.model)]},
-            compilation_config=compilation_config(self.compiled, self.host.glued, self.device),
-        )  # fmt: skip
-        log.info("vLLM engine ready in %.1f s (%s)", time.perf_counter() - started,
-                 "compiled" if self.compiled else "eager")  # fmt: skip
-        self.model_runner = self.llm.collective_rpc(lambda worker: worker.model_runner)[0]
-        self.model = self.model_runner.model
-        self.driver = self.driver_for(self.method, prepared.ledger, self.host)
+        with workers_bound(size if self.device.type == "cpu" else 1):
+            self.llm = LLM(
+                model=str(folder), skip_tokenizer_init=True, dtype=dtype, seed=seed,
+                enforce_eager=not self.compiled, tensor_parallel_size=size,
+                distributed_executor_backend=settings.executor if size > 1 else None,
+                enable_prefix_caching=prefix_caching and not glued,
+                max_num_seqs=slots, max_model_len=settings.max_model_len, load_format=load_format,
+                # prompts run whole, in forwards of their own (`bwprune.vllm.scheduler`)
+                scheduler_cls=UNMIXED, enable_chunked_prefill=False,
+                max_num_batched_tokens=max(2048, slots * prompt_tokens, longest),
+                kv_cache_memory_bytes=int(settings.kv_cache_gib * 2**30),
+                hf_overrides={"architectures": [plugin_architecture(prepared.model)]},
+                compilation_config=compilation_config(self.compiled, glued, self.device),
+            )  # fmt: skip
+        log.info("vLLM engine ready in %.1f s (%s, %d worker%s)", time.perf_counter() - started,
+                 "compiled" if self.compiled else "eager", size, "s" * (size > 1))  # fmt: skip
+        self.rpc = self.llm.collective_rpc
+        self.local = size == 1  # the one worker runs here: its objects are this process's
+        self.model_runner = self.rpc(lambda worker: worker.model_runner)[0] if self.local else None
+        self.model = self.model_runner.model if self.local else None
+        self._installed = 0
+        self.driver = self.driver_for(self.method, prepared.ledger)
 
     @classmethod
     def for_run(cls, cfg: DictConfig, prepared: PreparedModel, hf: BatchedRunner,
@@ -194,11 +264,13 @@ class VLLMRunner:
             return False
         return wanted
 
-    def driver_for(self, method: PruningMethod, ledger: SparsityLedger,
-                   host: VLLMHost | None = None) -> MethodDriver:  # fmt: skip
-        """A driver of `method` on vLLM's model (the method prepared already, on the HF model)."""
-        host = host or VLLMHost(method, self.compiled)
-        return MethodDriver(method, self.model, self.prepared.adapter, ledger, host)
+    def driver_for(self, method: PruningMethod, ledger: SparsityLedger) -> EngineMethod:
+        """`method` (prepared already, on the HF model) installed in every worker, counting into
+        `ledger` (each worker's copy, under tensor parallelism)."""
+        key = f"method-{self._installed}"
+        self._installed += 1
+        self.rpc(ranks.install, args=(key, method, ledger, self.compiled))
+        return EngineMethod(key, self.rpc(ranks.driver, args=(key,))[0] if self.local else None)
 
     def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         return self.hf.encode(prompts)
@@ -211,7 +283,7 @@ class VLLMRunner:
         return self.generate_with(self.driver, ids, attn, self.sampling.max_new_tokens, stop,
                                   progress)  # fmt: skip
 
-    def generate_with(self, driver: MethodDriver, ids: torch.Tensor, attn: torch.Tensor,
+    def generate_with(self, driver: EngineMethod, ids: torch.Tensor, attn: torch.Tensor,
                       lengths: int | list[int], stop: list[int],
                       progress: Callable[[int, int], None] | None = None,
                       ) -> tuple[list[Completion], BatchTiming]:  # fmt: skip
@@ -220,17 +292,17 @@ class VLLMRunner:
         prompts = [row[mask.bool()].tolist() for row, mask in zip(ids, attn)]
         limits = [lengths] * len(prompts) if isinstance(lengths, int) else lengths
         params = [self.sampling_params(max_tokens=n, stop=stop) for n in limits]
-        outputs, session = self.run(driver, prompts, params, progress)
-        sparsity = session.ledger_rows()
+        outputs, generated = self.run(driver, prompts, params, progress)
+        sparsity = generated.rows
         completions = []
         for out in outputs:
             c = out.outputs[0]
             completions.append(self.hf.completion(list(c.token_ids), c.finish_reason == "stop",
                                                   sparsity[out.request_id]))  # fmt: skip
-        prefill_s, step_s = session.times()
+        step_s = generated.step_s
         decode_tokens = sum(r["decode_steps"] for r in sparsity.values())
-        return completions, BatchTiming(prefill_s, sum(step_s), decode_tokens, step_s,
-                                        driver.host.log.summary(step_s))  # fmt: skip
+        return completions, BatchTiming(generated.prefill_s, sum(step_s), decode_tokens, step_s,
+                                        generated.phases)  # fmt: skip
 
     def sampling_params(self, max_tokens: int, stop: list[int]):
         """The run's sampling for one request: at most `max_tokens`, ending at a token of `stop`
@@ -243,16 +315,16 @@ class VLLMRunner:
             max_tokens=max_tokens, stop_token_ids=stop, ignore_eos=True, detokenize=False,
         )  # fmt: skip
 
-    def run(self, driver: MethodDriver, prompts: list[list[int]], params: list,
-            progress: Callable[[int, int], None] | None = None):  # fmt: skip
-        """vLLM's outputs (in prompt order) and the session that drove `driver` through them."""
-        session = Session(driver, driver.host, self.model_runner, self.device, progress)
-        with self.bound(session), driver.attached():
+    def run(self, driver: EngineMethod, prompts: list[list[int]], params: list,
+            progress: Callable[[int, int], None] | None = None,
+            ) -> tuple[list, ranks.Generated]:  # fmt: skip
+        """vLLM's outputs (in prompt order) and what the session that drove `driver` through
+        them recorded (the first rank's: every rank decides and counts the same)."""
+        with self.bound(driver, None, progress):
             outputs = self.llm.generate(
                 [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False
             )
-        session.end_generation()
-        return outputs, session
+            return outputs, self.rpc(ranks.end)[0]
 
     def stream(self, prompts: list[torch.Tensor], on_finish,
                progress: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
@@ -262,32 +334,35 @@ class VLLMRunner:
         call. The run's method decides from the requests in each forward."""
         stop = self.hf.stop_ids.tolist()
         params = self.sampling_params(max_tokens=self.sampling.max_new_tokens, stop=stop)
-        driver, engine = self.driver, self.llm.llm_engine
-        session = StreamSession(driver, driver.host, self.model_runner, self.device, self.slots,
-                                progress=progress)  # fmt: skip
-        with self.bound(session), driver.attached():
+        engine = self.llm.llm_engine
+        with self.bound(self.driver, self.slots, progress):
             for i, p in enumerate(prompts):
                 engine.add_request(str(i), {"prompt_token_ids": p.tolist()}, params)
             while engine.has_unfinished_requests():
                 done = [out for out in engine.step() if out.finished]
                 if not done:
                     continue
-                summaries = session.release([out.request_id for out in done])
+                finished = [out.request_id for out in done]
+                summaries, timing = self.rpc(ranks.release, args=(finished,))[0]
                 completions = [
                     self.hf.completion(list(out.outputs[0].token_ids),
                                        out.outputs[0].finish_reason == "stop", summary)
                     for out, summary in zip(done, summaries)
                 ]  # fmt: skip
-                on_finish([int(out.request_id) for out in done], completions, session.take())
-            session.close()
+                on_finish([int(out.request_id) for out in done], completions, timing)
+            self.rpc(ranks.end_stream)
 
     @contextmanager
-    def bound(self, session: Session | StreamSession):
-        self.model.bwprune_session = session
+    def bound(self, driver: EngineMethod, slots: int | None,
+              progress: Callable[[int, int], None] | None) -> Iterator[None]:  # fmt: skip
+        """`driver`'s method bound to the workers' forwards (`ranks.begin`) for the block;
+        unbound on the way out, also on errors. `progress` reaches a worker in this process
+        only."""
+        self.rpc(ranks.begin, args=(driver.key, slots, progress if self.local else None))
         try:
             yield
         finally:
-            self.model.bwprune_session = None
+            self.rpc(ranks.close)
 
 
 class VLLMPairedTiming:
@@ -326,7 +401,7 @@ class VLLMPairedTiming:
                 "overhead_s": time.perf_counter() - start}  # fmt: skip
 
     @staticmethod
-    def _trial(runner: VLLMRunner, driver: MethodDriver, ids, attn, lengths: list[int]) -> dict:
+    def _trial(runner: VLLMRunner, driver: EngineMethod, ids, attn, lengths: list[int]) -> dict:
         _, timing = runner.generate_with(driver, ids, attn, lengths, stop=[])
         return {"prefill_s": timing.prefill_s, "decode_s": timing.decode_s}
 

@@ -32,7 +32,7 @@ from bwprune.engine.protocol import MethodDriver
 from bwprune.generation.prepared import PreparedModel, prepare_loaded
 from bwprune.methods.host import decides_per_forward
 from bwprune.models.loading import load_model
-from bwprune.vllm.host import compilable
+from bwprune.vllm.host import Shard, compilable, refuse_sharding
 from bwprune.vllm.server import ServeSettings, launched
 from bwprune.vllm.support import refuse_unsupported
 
@@ -46,8 +46,11 @@ def export_served(cfg: DictConfig, folder: Path) -> PreparedModel:
     method = build_method(cfg.method)
     refuse_unsupported(cfg, "generate")
     from bwprune.vllm.runner import export_model
+    from bwprune.vllm.widths import STRUCTURE_KEY
 
     prepared = prepare_loaded(*load_model(cfg.model, cfg.paths.cache_dir), method)
+    refuse_sharding(prepared.method, int(cfg.generation.vllm.tensor_parallel_size),
+                    hasattr(prepared.model.config, STRUCTURE_KEY))  # fmt: skip
     if folder.exists():  # a method's state is saved anew: its calibration may have changed
         shutil.rmtree(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -77,6 +80,7 @@ def server_command(cfg: DictConfig, folder: Path, ledger: Path, method, name: st
     from bwprune.vllm.widths import STRUCTURE_KEY
 
     settings = ServeSettings.from_config(cfg)
+    size = int(cfg.generation.vllm.tensor_parallel_size)
     config = json.loads((folder / "config.json").read_text())
     per_forward, compiled = decides_per_forward(method), served_compiled(cfg, method)
     longest = cfg.generation.vllm.max_model_len or config["max_position_embeddings"]
@@ -94,7 +98,9 @@ def server_command(cfg: DictConfig, folder: Path, ledger: Path, method, name: st
         # stopped, vLLM waits this long for its engine and worker, and the worker writes the seated
         # requests' ledger lines as it shuts down; vLLM's default, 0, kills them at once
         "--shutdown-timeout", str(settings.drain_s),
-        "--no-enable-chunked-prefill",
+        "--no-enable-chunked-prefill", "--tensor-parallel-size", str(size),
+        *(["--distributed-executor-backend", str(cfg.generation.vllm.executor)] if size > 1
+          else []),
         *(["--scheduler-cls", UNMIXED, "--worker-cls", "bwprune.vllm.worker.ServingWorker",
             "--hf-overrides", json.dumps({"architectures": [architecture]}),
             "--additional-config", json.dumps({"bwprune": bwprune})] if plugin else []),
@@ -111,9 +117,15 @@ def running_server(
     block runs, stopped on the way out, also on errors and signals
     (`bwprune.vllm.server.launched`); its output goes to `log_path`. `plugin`: as in
     `server_command`."""
+    from bwprune.vllm.runner import thread_binding
+
     settings = ServeSettings.from_config(cfg)
     name = f"{SERVED_NAME}-{secrets.token_hex(8)}"
     env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "INFO")}
+    size = int(cfg.generation.vllm.tensor_parallel_size)
+    if size > 1 and not torch.cuda.is_available():  # vLLM's CPU workers, each on its cores
+        env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND",
+                                                          thread_binding(size))  # fmt: skip
     command = server_command(cfg, folder, ledger, method, name, plugin)
     with launched(command, settings, name, log_path, env) as proc:
         yield settings, proc
@@ -122,7 +134,8 @@ def running_server(
 def bind_served(runner, additional_config: dict | None) -> ExitStack | None:
     """In vLLM's worker, after warm-up: the saved method drives every forward from now on, one
     stream of requests; each request's ledger summary is appended to the ledger file as it
-    leaves. Returns what keeps the method attached (None: no bwprune settings, plain vLLM)."""
+    leaves (by the first tensor-parallel rank: every rank counts the same). Returns what keeps
+    the method attached (None: no bwprune settings, plain vLLM)."""
     from bwprune.vllm.host import VLLMHost
     from bwprune.vllm.session import StreamSession
 
@@ -135,11 +148,14 @@ def bind_served(runner, additional_config: dict | None) -> ExitStack | None:
     host = VLLMHost(method, compiled=bool(settings.get("compiled", False)))
     driver = MethodDriver(method, model, None, ledger, host)
     stack = ExitStack()
-    out = stack.enter_context(open(settings["ledger"], "a", encoding="utf-8"))  # noqa: SIM115
+    out = None
+    if Shard.current().rank == 0:
+        out = stack.enter_context(open(settings["ledger"], "a", encoding="utf-8"))  # noqa: SIM115
 
     def on_leave(request: str, summary: dict) -> None:
-        out.write(json.dumps({"request": request, **summary}) + "\n")
-        out.flush()
+        if out is not None:
+            out.write(json.dumps({"request": request, **summary}) + "\n")
+            out.flush()
 
     slots = runner.vllm_config.scheduler_config.max_num_seqs
     session = StreamSession(driver, host, runner, device, slots, on_leave, timed=False)

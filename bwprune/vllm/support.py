@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from omegaconf import DictConfig
 
 from bwprune.errors import UserError
@@ -17,3 +18,10 @@ def refuse_unsupported(cfg: DictConfig, kind: str) -> None:
     if gen.get("batch_invariant", False):
         raise UserError("generation.batch_invariant=true needs generation.backend=hf "
                         "(vLLM batches every row it holds)")  # fmt: skip
+    size = gen.get("vllm", {}).get("tensor_parallel_size", 1)
+    if not (isinstance(size, int) and not isinstance(size, bool) and size >= 1):
+        raise UserError(f"generation.vllm.tensor_parallel_size={size!r}: a whole number of "
+                        "workers, at least 1")  # fmt: skip
+    if size > 1 and gen.vllm.get("executor") == "ray" and not torch.cuda.is_available():
+        raise UserError("generation.vllm.executor=ray: vLLM's CPU build runs no Ray workers "
+                        "(no Ray device on its platform); on CPU use executor=mp")  # fmt: skip

@@ -128,8 +128,8 @@ class Engine:
             self.vllm.driver_for(method, ledger)  # fmt: skip
         params = self.vllm.sampling_params(max_tokens=STEPS, stop=self.stop)
         with decisions(method) as seen:
-            outputs, session = self.vllm.run(driver, PROMPTS, [params] * len(PROMPTS))
-        rows = session.ledger_rows()
+            outputs, generated = self.vllm.run(driver, PROMPTS, [params] * len(PROMPTS))
+        rows = generated.rows
         return ([list(o.outputs[0].token_ids) for o in outputs],
                 [rows[o.request_id] for o in outputs], seen)  # fmt: skip
 

@@ -34,6 +34,24 @@ def test_slots_hold_exactly_the_kept_set_and_move_only_what_changed(align):
         previous = set(index.tolist())
 
 
+def test_growing_slots_keep_their_capacity_for_smaller_sets():
+    """A tensor-parallel rank's share of a global kept set moves with each refresh: with `grow`,
+    only a set larger than every one before refills, and a smaller one moves only what changed
+    into the same slots (empty slots hold zeros)."""
+    slots = KeptSlots(200, 8, grow=True)
+    sizes = [30, 20, 25, 12, 0, 40, 33]
+    expected = [32, 32, 32, 32, 32, 40, 40]
+    refills = [True, False, False, False, False, True, False]
+    for index, cap, refill in zip(random_sets(200, sizes), expected, refills):
+        writes = slots.assign(index)
+        assert (slots.capacity, writes.refill) == (cap, refill)
+        held = slots.slots
+        assert set(held[held >= 0].tolist()) == set(index.tolist())
+    fixed = KeptSlots(200, 8)
+    fixed.assign(random_sets(200, [30])[0])
+    assert fixed.assign(random_sets(200, [12])[0]).refill  # without `grow`: a smaller capacity
+
+
 def test_plain_weights_follow_the_slots():
     d_ff, hidden = 64, 8
     gate, up, down = torch.randn(d_ff, hidden), torch.randn(d_ff, hidden), torch.randn(hidden, d_ff)

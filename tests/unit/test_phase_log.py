@@ -21,6 +21,26 @@ def test_summary_takes_each_kind_of_step_apart():
     assert PhaseLog().summary([]) == {"refreshes": 0}
 
 
+def test_a_sharded_forwards_gathers_are_summed_and_shown_beside_its_phases():
+    """Tensor parallel: each layer's gather adds to its forward's (layer 0 starts a forward);
+    the summary's median is per forward, and the phase table shows it only for such rows."""
+    from bwprune.report.speed_table import phase_table
+
+    log = PhaseLog(["dense", "sparse"], [], [])
+    for forward in ([0.001, 0.002, 0.001], [0.003, 0.003, 0.002], [0.001, 0.001, 0.002]):
+        for layer, seconds in enumerate(forward):
+            log.gathered(layer, seconds)
+    out = log.summary([0.010, 0.005])
+    assert list(log.gather_s) == pytest.approx([0.004, 0.008, 0.004])
+    assert out["gather_ms"] == pytest.approx(4.0)
+    row = {"batch_size": 4, "method": "ours@vllm_tp2", "phases": out,
+           "speedup_decode": {"median": 1.1}}  # fmt: skip
+    assert phase_table([row]).splitlines()[0].endswith("all-gather ms per observing forward |")
+    assert phase_table([row]).splitlines()[2].endswith("| 4.00 |")
+    del out["gather_ms"]
+    assert "all-gather" not in phase_table([row])
+
+
 def test_an_endless_streams_log_keeps_only_its_latest_steps(monkeypatch):
     """A server's stream never ends: the log holds the last STEPS forwards and REFRESHES
     refreshes, and summarises the steps it was given."""

