@@ -2,14 +2,16 @@
 
 python scripts/bench_speed.py [config overrides, e.g. model=tiny_llama bench.batch_sizes=[1]]
 
-Five measurements (`bench.parts`), each alternated and repeated in this one process
+Six measurements (`bench.parts`), each alternated and repeated in this one process
 (conf/bench/default.yaml): the methods on the configured model under every engine (eager,
 compiled), the per-step overhead on a thin 28-layer model (eager vs compiled), live-row
 compaction on a batch whose rows stop at very different lengths, static vs continuous
-batching of a heavy-tailed workload, and vLLM (dense HF loop vs dense vLLM, methods in vLLM).
+batching of a heavy-tailed workload, vLLM (dense HF loop vs dense vLLM, methods in vLLM), and
+vLLM on tensor-parallel workers (one engine per size, on a model whose heads divide by them).
 """
 
 import json
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,7 +33,7 @@ from bwprune.report.speed_table import compaction_line, markdown_table, phase_ta
 from bwprune.runs.provenance import provenance
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("methods", "overhead", "compaction", "stream", "vllm")
+PARTS = ("methods", "overhead", "compaction", "stream", "vllm", "vllm_tp")
 
 
 def main(overrides: list[str]) -> None:
@@ -81,9 +83,23 @@ def main(overrides: list[str]) -> None:
         )  # fmt: skip
         text += f"\n{stream_line(record['stream'])}\n"
     if "vllm" in parts:  # last: vLLM's engine stays in this process once started
-        record["vllm"], how = vllm_part(cfg, overrides, model, tokenizer)
+        v = bench.vllm
+        record["vllm"], how = vllm_part(cfg, overrides, model, tokenizer, v.engines, v.methods,
+                                        list(v.batch_sizes))  # fmt: skip
         text += f"vLLM ({how}, in this process):\n\n{markdown_table(record['vllm'])}\n"
         text += f"\n{phase_table(record['vllm'])}\n"
+    if "vllm_tp" in parts:
+        tp = bench.vllm_tp
+        tp_overrides = [*overrides, f"model={tp.model}"]
+        tp_cfg = compose_config(ROOT / "conf", ["+bench=default", *tp_overrides])
+        tp_model, tp_tokenizer = load_model(tp_cfg.model, cfg.paths.cache_dir)
+        engines = {f"tp{n}": {"compile": "false", "tensor_parallel_size": n} for n in tp.sizes}
+        record["vllm_tp"], how = vllm_part(tp_cfg, tp_overrides, tp_model, tp_tokenizer, engines,
+                                           tp.methods, list(tp.batch_sizes))  # fmt: skip
+        text += (
+            f"vLLM on tensor-parallel workers ({tp.model}, {how}; tp<n>: n workers):\n\n"
+            f"{markdown_table(record['vllm_tp'])}\n\n{phase_table(record['vllm_tp'])}\n"
+        )
     device = str(next(model.parameters()).device)
     key = f"{cfg.model.name}_{device.split(':')[0]}_{torch.get_num_threads()}t"
     if set(parts) != set(PARTS):
@@ -97,25 +113,26 @@ def main(overrides: list[str]) -> None:
     print(f"wrote {out / key}.json and .md")
 
 
-def vllm_part(cfg, overrides: list[str], model: nn.Module, tokenizer) -> tuple[list[dict], str]:
-    """Dense in our HF loop and in vLLM, and `bench.vllm.methods` in vLLM, at its batch sizes,
-    in each of `bench.vllm.engines` (label -> `generation.vllm` overrides); and how vLLM ran.
-    A method that edits weights (TriSP's smaller model) is prepared on a copy of the model loaded
-    again and runs in engines of its own, timed against dense vLLM as the others are."""
+def vllm_part(cfg, overrides: list[str], model: nn.Module, tokenizer, engine_specs: Mapping,
+              method_specs: Mapping, batch_sizes: list[int]) -> tuple[list[dict], str]:  # fmt: skip
+    """Dense in our HF loop and in vLLM, and `method_specs` (label -> overrides) in vLLM, at
+    `batch_sizes`, in each of `engine_specs` (label -> `generation.vllm` overrides); and how vLLM
+    ran. A method that edits weights (TriSP's smaller model) is prepared on a copy of the model
+    loaded again and runs in engines of its own, timed against dense vLLM as the others are."""
     from bwprune.generation.prepared import prepare_loaded
     from bwprune.generation.runner import SamplingConfig
     from bwprune.vllm.runner import VLLMRunner
     from bwprune.vllm.speed import measure_vllm
 
     bench = cfg.bench
-    top = max(bench.vllm.batch_sizes)
+    top = max(batch_sizes)
 
     def engines_for(pruned=None) -> dict[str, VLLMRunner]:
         """An engine per `bench.vllm.engines` label, on `model` built for ours (no prefix
         caching), or on `pruned` (a prepared copy) with prefix caching off too: each trial
         repeats the prompts."""
         out = {}
-        for label, settings in bench.vllm.engines.items():
+        for label, settings in engine_specs.items():
             engine_cfg = compose_config(ROOT / "conf", [
                 "+bench=default", *overrides, "method=ours", f"batch_size={top}",
                 *(f"generation.vllm.{k}={v}" for k, v in settings.items()),
@@ -131,7 +148,7 @@ def vllm_part(cfg, overrides: list[str], model: nn.Module, tokenizer) -> tuple[l
     adapter = next(iter(engines.values())).prepared.adapter
     built = {label: build_method(compose_config(ROOT / "conf", [
         "+bench=default", *overrides, *method_overrides]).method)
-        for label, method_overrides in bench.vllm.methods.items()}  # fmt: skip
+        for label, method_overrides in method_specs.items()}  # fmt: skip
     methods, own = {}, {}
     for label, method in built.items():
         if method.edits_weights:
@@ -141,13 +158,23 @@ def vllm_part(cfg, overrides: list[str], model: nn.Module, tokenizer) -> tuple[l
             MethodDriver(method, model, adapter).prepare(tokenizer)
             methods[label] = method
     rows = measure_vllm(
-        engines, methods, list(bench.vllm.batch_sizes), Precision.from_config(bench),
+        engines, methods, batch_sizes, Precision.from_config(bench),
         bench.new_tokens, bench.prompt_len, bench.warmup, cfg.seed, log=print, own=own,
     )  # fmt: skip
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    how = ", ".join(f"{label}: {'compiled' if e.compiled else 'eager'}"
+    how = ", ".join(f"{label}: {'compiled' if e.compiled else 'eager'}{cores(e)}"
                     for label, e in engines.items())  # fmt: skip
     return rows, f"{dtype}; {how}"
+
+
+def cores(engine) -> str:
+    """Where a CPU engine's workers run, if it has more than one (`thread_binding`)."""
+    from bwprune.vllm.runner import thread_binding
+
+    size = engine.settings.tensor_parallel_size
+    if size == 1 or engine.device.type != "cpu":
+        return ""
+    return f" on cores {os.environ.get('VLLM_CPU_OMP_THREADS_BIND') or thread_binding(size)}"
 
 
 def prepared(
