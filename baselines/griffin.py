@@ -33,7 +33,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from bwprune.errors import check_sparsity, choices_error
-from bwprune.methods.neuron_scores import AGGREGATES, aggregate, kept_count, topk_index
+from bwprune.methods.neuron_scores import AGGREGATES, aggregate, kept_count
 from bwprune.methods.neuron_set import NeuronSetMethod, PhaseScores
 from bwprune.models.adapters import ModelAdapter
 
@@ -76,6 +76,6 @@ class Griffin(NeuronSetMethod):
         """Top-k per layer of the prompt scores aggregated over the slots holding a row."""
         rows = self.slot_state["prompted"] & self.slots.occupied
         self.set_kept([
-            topk_index(aggregate(s, rows, self.aggregate), k)
+            self.top(aggregate(s, rows, self.aggregate), k)
             for s, k in zip(self.slot_state["scores"], self.k)
         ])  # fmt: skip

@@ -71,8 +71,9 @@ class PhaseLog:
     """Where a generation's decode time goes, as a host sees it: the kind of every decode
     forward (`dense`: no kept set, observing or not; `sparse`: kept sets in force; `refresh`: a
     sparse forward whose kept sets changed just before it), per refresh its host time and, per
-    layer, the fraction of kept neurons that stayed in place (1 − entered / kept), and per
-    forward whose activations a sharded host gathered, the gathers' time over its layers.
+    layer, the fraction of kept neurons that stayed in place (1 − entered / kept), per forward
+    whose activations a sharded host gathered, the gathers' time over its layers, and per kept
+    set chosen shard by shard (`tp_select: per_rank`), the fraction of the global one it missed.
 
     Bounded to the last `STEPS` forwards and `REFRESHES` refreshes: a stream is one generation,
     and a server's never ends (nor does anyone read its log)."""
@@ -86,12 +87,16 @@ class PhaseLog:
         default_factory=lambda: deque(maxlen=PhaseLog.REFRESHES)
     )
     gather_s: deque[float] = field(default_factory=lambda: deque(maxlen=PhaseLog.STEPS))
+    per_rank_missed: deque[float] = field(  # per layer choice under tp_select=per_rank
+        default_factory=lambda: deque(maxlen=PhaseLog.REFRESHES)
+    )
 
     def clear(self) -> None:
         self.kinds.clear()
         self.refresh_s.clear()
         self.overlap.clear()
         self.gather_s.clear()
+        self.per_rank_missed.clear()
 
     def gathered(self, layer: int, seconds: float) -> None:
         """A layer's activations were gathered across shards (layer 0: a new forward)."""
@@ -103,7 +108,8 @@ class PhaseLog:
     def summary(self, step_s: list[float]) -> dict:
         """Median ms of each kind of step (`step_s`: the same forwards' wall times, in order),
         refreshes and their median host ms, and the mean overlap of kept sets over refreshes
-        and layers; with shards, the median ms of a forward's gathers."""
+        and layers; with shards, the median ms of a forward's gathers, and under per-rank
+        selection the mean fraction of the global top-k a choice left out."""
         times: dict[str, list[float]] = {}
         for kind, seconds in zip(list(self.kinds)[-len(step_s) :] if step_s else [], step_s):
             times.setdefault(kind, []).append(seconds)
@@ -116,6 +122,8 @@ class PhaseLog:
                 out["overlap"] = statistics.fmean(stayed)
         if self.gather_s:
             out["gather_ms"] = 1e3 * statistics.median(self.gather_s)
+        if self.per_rank_missed:
+            out["per_rank_missed"] = statistics.fmean(self.per_rank_missed)
         return out
 
 

@@ -28,7 +28,7 @@ from bwprune.methods.base import (
     StepSparsity,
     Tokens,
 )
-from bwprune.methods.neuron_scores import phase_score, unit_sq
+from bwprune.methods.neuron_scores import phase_score, topk_index, unit_sq
 
 
 class PhaseScores:
@@ -211,6 +211,11 @@ class NeuronSetMethod(PruningMethod):
         The kept sets are back as they were before the prompts ran."""
 
     # -- tools for the policy -------------------------------------------------------------------
+    def top(self, scores: torch.Tensor, k: int) -> torch.Tensor:
+        """A layer's kept set from its (D,) scores: the k best (Eq. 4), or what a host that
+        shards the FFN put in its place as `selection` (`bwprune.methods.sharded.PerRank`)."""
+        return self.__dict__.get("selection", topk_index)(scores, k)
+
     @property
     def kept(self) -> list[torch.Tensor | None]:
         """Per layer, the neuron index the next forward computes; None: that layer runs dense."""

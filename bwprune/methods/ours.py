@@ -245,7 +245,7 @@ class Ours(NeuronSetMethod):
 
     def _select(self, layer: int, memory: torch.Tensor) -> torch.Tensor:
         if self.select == "topk":
-            return topk_index(memory, self.k[layer])  # Eq. 4: exactly k per layer
+            return self.top(memory, self.k[layer])  # Eq. 4: exactly k per layer
         kept = (memory > self.thresholds[layer]).nonzero().flatten()
         return kept if kept.numel() else topk_index(memory, 1)
 

@@ -12,6 +12,8 @@ them in; nothing here hooks a model or reads a config.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
@@ -76,6 +78,32 @@ def sharded_kept(
     raise choices_error("tp_select", mode, TP_SELECT)
 
 
+def per_rank_set(scores: torch.Tensor, k: int, world_size: int) -> torch.Tensor:
+    """`per_rank`'s kept set of one layer, from its unsharded (D,) scores: each of `world_size`
+    contiguous shards' own top `per_rank_count` (what each rank keeps, given the same scores),
+    as sorted global indices."""
+    if scores.numel() % world_size:
+        raise ValueError(f"D={scores.numel()} neurons do not split evenly over {world_size} ranks")
+    width = scores.numel() // world_size
+    return torch.cat([per_rank_kept(s, k, r, world_size) + r * width
+                      for r, s in enumerate(scores.split(width))])  # fmt: skip
+
+
+class PerRank:
+    """`tp_select: per_rank` as a method's `selection` (`NeuronSetMethod.top`): the kept set
+    `per_rank_set` chooses, and per choice the fraction of the global top-k it leaves out, handed
+    to `missed` (its gap against `global`, measured in the run that makes it)."""
+
+    def __init__(self, world_size: int, missed: Callable[[float], None]) -> None:
+        self.world_size, self.missed = world_size, missed
+
+    def __call__(self, scores: torch.Tensor, k: int) -> torch.Tensor:
+        kept = per_rank_set(scores, k, self.world_size)
+        best = topk_index(scores, k)
+        self.missed((~torch.isin(best, kept)).sum().item() / k)
+        return kept
+
+
 def per_rank_gap(scores: torch.Tensor, k: int, world_size: int) -> tuple[float, float]:
     """What per_rank costs on one layer's unsharded (D,) scores, simulated without processes:
     (fraction of the global top-k it misses, fraction of the global top-k's score mass it loses).
@@ -83,12 +111,7 @@ def per_rank_gap(scores: torch.Tensor, k: int, world_size: int) -> tuple[float, 
     Both sets have k neurons, so the missed fraction is also the fraction of per_rank's set that
     the global one would not keep.
     """
-    if scores.numel() % world_size:
-        raise ValueError(f"D={scores.numel()} neurons do not split evenly over {world_size} ranks")
-    shards = scores.chunk(world_size)
-    width = shards[0].numel()
-    local = [per_rank_kept(s, k, r, world_size) + r * width for r, s in enumerate(shards)]
-    per_rank = torch.cat(local)
+    per_rank = per_rank_set(scores, k, world_size)
     best = topk_index(scores, k)
     missed = (~torch.isin(best, per_rank)).sum().item() / k
     mass = scores[best].sum()

@@ -31,6 +31,7 @@ LATE_OPTIONS = {
     ("generation", "batch_invariant"): False,
     ("generation", "batching"): "static",
     ("generation", "backend"): "hf",  # vLLM as a generation host
+    ("generation", "tp_select"): "global",  # tensor-parallel vLLM's selection
     ("method", "attn_square"): False,  # trisp's FLAP-style squared attention scores
     ("method", "memory_policy"): "max",  # ours under continuous batching (and its ablations)
     ("method", "memory_decay"): 0.9,

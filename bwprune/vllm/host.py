@@ -11,9 +11,11 @@ of vLLM's hidden states, which are sometimes tuples (fused add-norm) or fused (g
 Under tensor parallelism each worker holds a contiguous shard of every FFN's neurons (gate|up
 column-parallel, down row-parallel) and runs its own host on its own copy of the method. The
 observer gathers the shards' activations, so every rank's method sees the whole FFN and decides
-the same global kept set (`tp_select: global`, the paper's set exactly); each rank computes the
-part of it in its shard and the partial down projections are summed across ranks, as vLLM's own
-row-parallel layer sums them for the dense FFN.
+the same global kept set (`tp_select: global`, the paper's set exactly), or, with
+`tp_select: per_rank`, each shard's own top share of it (what ranks choosing alone would keep,
+its gap to the global set logged); each rank computes the part of the set in its shard and the
+partial down projections are summed across ranks, as vLLM's own row-parallel layer sums them for
+the dense FFN.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from bwprune.errors import UserError
 from bwprune.methods.base import PruningMethod, StepContext, Tokens
 from bwprune.methods.host import FFNSlot, Host, Site, decides_per_forward
 from bwprune.methods.neuron_set import NeuronSetMethod
+from bwprune.methods.sharded import PerRank
 from bwprune.models.sliced_mlp import KeptFFN, KeptWeights, SlotWeights
 from bwprune.vllm import packed
 
@@ -152,10 +155,11 @@ def refuse_sharding(method: PruningMethod, size: int, own_widths: bool) -> None:
 class VLLMHost(Host):
     """The glue on a vLLM model built by the plugin (`bwprune.vllm.plugin`)."""
 
-    def __init__(self, method: PruningMethod, compiled: bool) -> None:
-        """`compiled`: the engine runs the model under torch.compile."""
+    def __init__(self, method: PruningMethod, compiled: bool, tp_select: str = "global") -> None:
+        """`compiled`: the engine runs the model under torch.compile; `tp_select`: how a
+        tensor-parallel rank's kept set is chosen (`bwprune.methods.sharded.TP_SELECT`)."""
         super().__init__(method)
-        self.compiled = compiled
+        self.compiled, self.tp_select = compiled, tp_select
         self.shard = Shard.current()
         self._order: torch.Tensor | None = None  # vLLM's index of each token; None: the same
 
@@ -173,7 +177,12 @@ class VLLMHost(Host):
                 f"the vLLM model is {type(model).__name__}, not one of the bwprune plugin's "
                 "(bwprune.vllm.plugin): is bwprune installed in vLLM's environment?"
             )
-        return super().attach(model, adapter)
+        hooks = super().attach(model, adapter)
+        if self.tp_select == "per_rank" and isinstance(self.method, NeuronSetMethod):
+            # the gathered scores, chosen shard by shard as each rank would alone
+            self.method.selection = PerRank(self.shard.size, self.log.per_rank_missed.append)
+            hooks.on_close(lambda: delattr(self.method, "selection"))
+        return hooks
 
     @staticmethod
     def mlp_weights(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -51,12 +51,13 @@ def _installed(worker) -> Installed:
     return worker.bwprune
 
 
-def install(worker, key: str, method: PruningMethod, ledger: SparsityLedger,
-            compiled: bool) -> None:  # fmt: skip
+def install(worker, key: str, method: PruningMethod, ledger: SparsityLedger, compiled: bool,
+            tp_select: str = "global") -> None:  # fmt: skip
     """`method` (prepared on the HF model) drives this worker's model as `key` from now on, until
-    replaced."""
+    replaced (`VLLMHost` says what `compiled` and `tp_select` mean)."""
+    host = VLLMHost(method, compiled, tp_select)
     _installed(worker).drivers[key] = MethodDriver(method, worker.model_runner.model, None, ledger,
-                                                   VLLMHost(method, compiled))  # fmt: skip
+                                                   host)  # fmt: skip
 
 
 def driver(worker, key: str) -> MethodDriver:

@@ -189,13 +189,15 @@ class VLLMRunner:
 
     def __init__(self, prepared: PreparedModel, hf: BatchedRunner, folder: Path,
                  settings: VLLMSettings, slots: int, prompt_tokens: int, seed: int,
-                 load_format: str = "auto", prefix_caching: bool = True) -> None:  # fmt: skip
+                 load_format: str = "auto", prefix_caching: bool = True,
+                 tp_select: str = "global") -> None:  # fmt: skip
         """vLLM on the model in `folder` (`prepared.model`'s config and weights; with
         `load_format="dummy"` its config alone, random weights: speed checks). `hf`: the run's HF
         runner (tokenizer, sampling, stop ids and completions are shared); `slots`: the largest
         batch; `prompt_tokens`: the longest prompt (a batch's prompts must fit one forward);
         `prefix_caching=False`: off also for a method that allows it (a speed check that repeats
-        its prompts, timed against an engine without it)."""
+        its prompts, timed against an engine without it); `tp_select`: how tensor-parallel ranks
+        choose kept sets (`generation.tp_select`)."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # vLLM leaves a core to its scheduler process unless told the thread count; in this one
         # process it computes with the threads this process (and its HF runner) computes with.
@@ -206,7 +208,7 @@ class VLLMRunner:
 
         self.hf, self.prepared, self.method = hf, prepared, prepared.method
         self.tokenizer, self.sampling, self.device = hf.tokenizer, hf.sampling, hf.device
-        self.settings, self.slots = settings, slots
+        self.settings, self.slots, self.tp_select = settings, slots, tp_select
         self.compiled = self._compiled()
         glued = decides_per_forward(self.method)
         size = settings.tensor_parallel_size
@@ -246,7 +248,8 @@ class VLLMRunner:
         try:
             return cls(prepared, hf, folder, VLLMSettings.from_config(cfg.generation),
                        int(cfg.batch_size), longest_prompt, int(cfg.seed),
-                       prefix_caching=prefix_caching)  # fmt: skip
+                       prefix_caching=prefix_caching,
+                       tp_select=str(cfg.generation.get("tp_select", "global")))  # fmt: skip
         finally:
             if own:
                 shutil.rmtree(folder.parent, ignore_errors=True)
@@ -264,12 +267,15 @@ class VLLMRunner:
             return False
         return wanted
 
-    def driver_for(self, method: PruningMethod, ledger: SparsityLedger) -> EngineMethod:
+    def driver_for(self, method: PruningMethod, ledger: SparsityLedger,
+                   tp_select: str | None = None) -> EngineMethod:  # fmt: skip
         """`method` (prepared already, on the HF model) installed in every worker, counting into
-        `ledger` (each worker's copy, under tensor parallelism)."""
+        `ledger` (each worker's copy, under tensor parallelism), its ranks choosing by
+        `tp_select` (None: the engine's)."""
         key = f"method-{self._installed}"
         self._installed += 1
-        self.rpc(ranks.install, args=(key, method, ledger, self.compiled))
+        select = tp_select or self.tp_select
+        self.rpc(ranks.install, args=(key, method, ledger, self.compiled, select))
         return EngineMethod(key, self.rpc(ranks.driver, args=(key,))[0] if self.local else None)
 
     def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -84,7 +84,8 @@ def server_command(cfg: DictConfig, folder: Path, ledger: Path, method, name: st
     config = json.loads((folder / "config.json").read_text())
     per_forward, compiled = decides_per_forward(method), served_compiled(cfg, method)
     longest = cfg.generation.vllm.max_model_len or config["max_position_embeddings"]
-    bwprune = {"state": str(folder / STATE), "ledger": str(ledger), "compiled": compiled}
+    bwprune = {"state": str(folder / STATE), "ledger": str(ledger), "compiled": compiled,
+               "tp_select": str(cfg.generation.get("tp_select", "global"))}  # fmt: skip
     architecture = plugin_class(config["architectures"][0], STRUCTURE_KEY in config)
     return [
         # vLLM's API server itself: the `vllm` command looks up a package named vllm, and the
@@ -145,7 +146,8 @@ def bind_served(runner, additional_config: dict | None) -> ExitStack | None:
     state = torch.load(settings["state"], weights_only=False)
     method, ledger = state["method"], state["ledger"]
     model, device = runner.model, torch.device(runner.device)
-    host = VLLMHost(method, compiled=bool(settings.get("compiled", False)))
+    host = VLLMHost(method, bool(settings.get("compiled", False)),
+                    settings.get("tp_select", "global"))  # fmt: skip
     driver = MethodDriver(method, model, None, ledger, host)
     stack = ExitStack()
     out = None

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig
 
-from bwprune.errors import UserError
+from bwprune.errors import UserError, choices_error
+from bwprune.methods.sharded import TP_SELECT
 
 
 def refuse_unsupported(cfg: DictConfig, kind: str) -> None:
@@ -22,6 +23,12 @@ def refuse_unsupported(cfg: DictConfig, kind: str) -> None:
     if not (isinstance(size, int) and not isinstance(size, bool) and size >= 1):
         raise UserError(f"generation.vllm.tensor_parallel_size={size!r}: a whole number of "
                         "workers, at least 1")  # fmt: skip
+    select = gen.get("tp_select", "global")
+    if select not in TP_SELECT:
+        raise choices_error("generation.tp_select", select, TP_SELECT)
+    if select != "global" and size == 1:
+        raise UserError(f"generation.tp_select={select} chooses per tensor-parallel rank: it "
+                        "needs generation.vllm.tensor_parallel_size > 1")  # fmt: skip
     if size > 1 and gen.vllm.get("executor") == "ray" and not torch.cuda.is_available():
         raise UserError("generation.vllm.executor=ray: vLLM's CPU build runs no Ray workers "
                         "(no Ray device on its platform); on CPU use executor=mp")  # fmt: skip

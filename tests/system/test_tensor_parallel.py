@@ -16,6 +16,7 @@ from bwprune.engine.protocol import MethodDriver
 from bwprune.generation.prepared import prepare_loaded
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.generation.stream import StreamRunner
+from bwprune.methods.sharded import PerRank
 from bwprune.models.loading import load_model
 from tests.conftest import compose_cfg
 
@@ -74,12 +75,18 @@ def fresh_method(model, tok, adapter, name: str = "ours"):
     return method
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
-def test_two_workers_decide_and_generate_as_the_hf_host(setup, name):
+@pytest.mark.parametrize(
+    ("name", "select"), [("ours", "global"), ("griffin", "global"), ("ours", "per_rank")]
+)
+def test_two_workers_decide_and_generate_as_the_hf_host(setup, name, select):
+    """per_rank: the HF host choosing shard by shard as the ranks do (`PerRank`)."""
     model, tok, prepared, sampling, vllm = setup
     method = fresh_method(model, tok, prepared.adapter, name)
     ledger = SparsityLedger(prepared.adapter, torch.device("cpu"))
-    installed = vllm.driver_for(method, ledger)  # a copy of it in each worker
+    installed = vllm.driver_for(method, ledger, select)  # a copy of it in each worker
+    missed: list[float] = []
+    if select == "per_rank":
+        method.selection = PerRank(2, missed.append)
     hf = BatchedRunner(model, tok, method, prepared.adapter, sampling, ledger=ledger)
     hf.stop_ids = torch.tensor([], dtype=torch.long)
     width = max(map(len, PROMPTS))
@@ -104,6 +111,11 @@ def test_two_workers_decide_and_generate_as_the_hf_host(setup, name):
     assert timing.decode_tokens == sum(c.sparsity["decode_steps"] for c in out)
     assert "sparse_step_ms" in timing.phases  # rank 0's
     assert timing.phases["gather_ms"] > 0  # the observing forwards' all-gathers
+    if select == "per_rank":
+        assert timing.phases["per_rank_missed"] == pytest.approx(sum(missed) / len(missed))
+        assert any(m > 0 for m in missed), "per_rank chose the global sets throughout"
+    else:
+        assert "per_rank_missed" not in timing.phases
 
 
 def test_two_workers_stream_as_the_hf_stream(setup):

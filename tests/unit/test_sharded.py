@@ -2,8 +2,8 @@
 rank, are exactly the unsharded `topk_index`, and the ranks' Eq. 2 normalization is the unsharded
 one; per_rank keeps k in total and can differ.
 
-The global mode runs in two real processes on a gloo group over a FileStore (no network): vLLM's
-own CPU tensor parallelism is not wired to it yet (docs/methods.md).
+The global mode runs in two real processes on a gloo group over a FileStore (no network); vLLM's
+host at size 2 is tests/system/test_tensor_parallel.py.
 """
 
 from pathlib import Path
@@ -15,7 +15,9 @@ import torch.multiprocessing as mp
 
 from bwprune.errors import UserError
 from bwprune.methods.neuron_scores import topk_index, unit_sq
+from bwprune.methods.neuron_set import NeuronSetMethod
 from bwprune.methods.sharded import (
+    PerRank,
     per_rank_count,
     per_rank_gap,
     per_rank_kept,
@@ -85,6 +87,19 @@ def test_per_rank_misses_what_a_crowded_shard_needs():
     missed, lost = per_rank_gap(scores, 4, 2)
     assert missed == 0.5 and lost == pytest.approx((26 - 22) / 26)
     assert per_rank_gap(scores, 4, 1) == (0.0, 0.0)  # one rank: per_rank is global
+
+
+def test_a_method_chooses_per_rank_through_its_selection():
+    """`PerRank` as a method's `selection` (what vLLM's host sets at tp_select=per_rank): the
+    sets each shard would keep alone, and the fraction of the global top-k each choice missed."""
+    scores = torch.tensor([8.0, 7, 6, 5, 1, 2, 3, 4])
+    missed: list[float] = []
+    assert PerRank(2, missed.append)(scores, 4).tolist() == [0, 1, 6, 7]
+    assert missed == [0.5]
+    method = NeuronSetMethod()
+    assert method.top(scores, 4).tolist() == [0, 1, 2, 3]  # no selection set: the global top-k
+    method.selection = PerRank(2, missed.append)
+    assert method.top(scores, 4).tolist() == [0, 1, 6, 7] and missed == [0.5, 0.5]
 
 
 def test_bad_mode_names_the_choices():

@@ -18,6 +18,8 @@ from bwprune.vllm.support import refuse_unsupported
         (["generation.backend=sglang"], "generation.backend='sglang'"),
         (["generation.vllm.tensor_parallel_size=0"], "tensor_parallel_size=0"),
         (["generation.vllm.tensor_parallel_size=two"], "tensor_parallel_size='two'"),
+        (["generation.tp_select=per_rank"], "needs generation.vllm.tensor_parallel_size > 1"),
+        (["generation.tp_select=ring"], "generation.tp_select='ring' is not valid"),
         (
             ["generation.vllm.tensor_parallel_size=2", "generation.vllm.executor=ray"],
             "CPU build runs no Ray workers",
