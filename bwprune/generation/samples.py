@@ -37,7 +37,9 @@ def sample_row(
 
 
 def timing_row(batch: list[tuple[Example, int]], timing: BatchTiming) -> dict:
-    """One line of timing.jsonl: which (problem, sample) pairs a batch held and its times."""
+    """One line of timing.jsonl: which (problem, sample) pairs a batch held, its times, and
+    where the host saw its decode time go (`PhaseLog.summary`: kinds of step, refreshes, kept
+    overlap, tensor-parallel gathers and per-rank selection's gap), when its engine logged it."""
     return {
         "indices": [e.index for e, _ in batch],
         "samples": [k for _, k in batch],
@@ -45,4 +47,5 @@ def timing_row(batch: list[tuple[Example, int]], timing: BatchTiming) -> dict:
         "decode_s": timing.decode_s,
         "decode_tokens": timing.decode_tokens,
         "step_ms": [round(1e3 * s, 4) for s in timing.step_s],
+        **({"phases": timing.phases} if timing.phases else {}),
     }

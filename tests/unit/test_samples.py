@@ -30,3 +30,6 @@ def test_a_timing_row_names_its_pairs_in_batch_order_with_milliseconds_per_step(
     assert batch_keys(row) == [(7, 0), (3, 2)]  # what resume reads back
     assert (row["prefill_s"], row["decode_s"], row["decode_tokens"]) == (0.5, 1.5, 6)
     assert row["step_ms"] == [1.2345, 2.0]
+    assert "phases" not in row  # none logged
+    timing.phases = {"refreshes": 2, "per_rank_missed": 0.01}
+    assert timing_row([(EXAMPLES[1], 0)], timing)["phases"] == timing.phases
