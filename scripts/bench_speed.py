@@ -11,7 +11,6 @@ vLLM on tensor-parallel workers (one engine per size, on a model whose heads div
 """
 
 import json
-import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -168,13 +167,13 @@ def vllm_part(cfg, overrides: list[str], model: nn.Module, tokenizer, engine_spe
 
 
 def cores(engine) -> str:
-    """Where a CPU engine's workers run, if it has more than one (`thread_binding`)."""
-    from bwprune.vllm.runner import thread_binding
+    """Where a CPU engine's workers run, if it has more than one."""
+    from bwprune.vllm.cores import binding
 
     size = engine.settings.tensor_parallel_size
     if size == 1 or engine.device.type != "cpu":
         return ""
-    return f" on cores {os.environ.get('VLLM_CPU_OMP_THREADS_BIND') or thread_binding(size)}"
+    return f" on cores {binding(size)}"
 
 
 def prepared(

@@ -51,6 +51,7 @@ from bwprune.methods.host import decides_per_forward
 from bwprune.models.loading import load_model
 from bwprune.runs.speedup import timed_ratios
 from bwprune.vllm import ranks
+from bwprune.vllm.cores import workers_bound
 from bwprune.vllm.ffn_route import SPLITTING_OP
 from bwprune.vllm.host import compilable, refuse_sharding
 
@@ -85,47 +86,6 @@ class VLLMSettings:
             raise choices_error("generation.vllm.executor", executor, EXECUTORS)
         return cls(str(v.compile).lower(), float(v.kv_cache_gib), length,
                    int(v.get("tensor_parallel_size", 1)), executor)  # fmt: skip
-
-
-def thread_binding(size: int) -> str:
-    """vLLM's CPU workers' cores (`VLLM_CPU_OMP_THREADS_BIND`): this process's cores split into
-    `size` contiguous groups, one per worker (vLLM's own default binds by NUMA node, and fails
-    where there are fewer nodes than workers). With fewer cores than workers, workers share
-    cores one each, in turn: correct, and slow (a model whose heads divide only by a larger size
-    than the machine has cores, e.g. SmolLM2-135M's 9 heads at size 3 on 2 cores)."""
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < size:
-        log.warning("vLLM: %d workers share %d cores (each worker's forwards wait on the others')",
-                    size, len(cores))  # fmt: skip
-        return "|".join(str(cores[r % len(cores)]) for r in range(size))
-    share = len(cores) // size
-    return "|".join(",".join(map(str, cores[r * share : (r + 1) * share])) for r in range(size))
-
-
-@contextmanager
-def workers_bound(size: int) -> Iterator[None]:
-    """vLLM's CPU workers bound to their shares of the cores (`thread_binding`) while an engine
-    of `size` workers starts, unless the shell binds them (`VLLM_CPU_OMP_THREADS_BIND` set to other
-    than `auto`). vLLM freezes its settings once an engine has started in a process (its env
-    cache), so the cache is cleared around the start: a later engine in the same process reads
-    its own binding, not this one's."""
-    key = "VLLM_CPU_OMP_THREADS_BIND"
-    if size == 1 or os.environ.get(key, "auto") != "auto":
-        yield
-        return
-    from vllm import envs
-
-    before = os.environ.get(key)
-    envs.disable_envs_cache()
-    os.environ[key] = thread_binding(size)
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[key]
-        else:
-            os.environ[key] = before
-        envs.disable_envs_cache()
 
 
 @dataclass(frozen=True)

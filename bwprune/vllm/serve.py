@@ -118,15 +118,14 @@ def running_server(
     block runs, stopped on the way out, also on errors and signals
     (`bwprune.vllm.server.launched`); its output goes to `log_path`. `plugin`: as in
     `server_command`."""
-    from bwprune.vllm.runner import thread_binding
+    from bwprune.vllm.cores import BIND, binding
 
     settings = ServeSettings.from_config(cfg)
     name = f"{SERVED_NAME}-{secrets.token_hex(8)}"
     env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "INFO")}
     size = int(cfg.generation.vllm.tensor_parallel_size)
     if size > 1 and not torch.cuda.is_available():  # vLLM's CPU workers, each on its cores
-        env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND",
-                                                          thread_binding(size))  # fmt: skip
+        env[BIND] = binding(size)
     command = server_command(cfg, folder, ledger, method, name, plugin)
     with launched(command, settings, name, log_path, env) as proc:
         yield settings, proc

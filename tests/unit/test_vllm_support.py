@@ -74,7 +74,7 @@ def test_only_neuron_set_and_static_methods_are_sharded(cfg_factory):
     [([0, 1], 2, "0|1"), ([0, 1, 2, 3, 4, 5, 6, 7], 2, "0,1,2,3|4,5,6,7"), ([4, 5], 3, "4|5|4")],
 )
 def test_workers_are_bound_to_their_share_of_the_cores(monkeypatch, cores, size, binding):
-    from bwprune.vllm.runner import thread_binding
+    from bwprune.vllm.cores import thread_binding
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(cores))
     assert thread_binding(size) == binding
