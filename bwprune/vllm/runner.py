@@ -54,6 +54,7 @@ from bwprune.vllm import ranks
 from bwprune.vllm.cores import workers_bound
 from bwprune.vllm.ffn_route import SPLITTING_OP
 from bwprune.vllm.host import compilable, refuse_sharding
+from bwprune.vllm.support import refuse_split
 
 UNMIXED = "bwprune.vllm.scheduler.UnmixedScheduler"  # imported by vLLM, never before it
 
@@ -173,6 +174,7 @@ class VLLMRunner:
         glued = decides_per_forward(self.method)
         size = settings.tensor_parallel_size
         refuse_sharding(self.method, size, hasattr(prepared.model.config, STRUCTURE_KEY))
+        refuse_split(prepared.model.config, size, "the model")
         dtype = str(next(prepared.model.parameters()).dtype).removeprefix("torch.")
         longest = settings.max_model_len or prepared.model.config.max_position_embeddings
         started = time.perf_counter()

@@ -34,7 +34,7 @@ from bwprune.methods.host import decides_per_forward
 from bwprune.models.loading import load_model
 from bwprune.vllm.host import Shard, compilable, refuse_sharding
 from bwprune.vllm.server import ServeSettings, launched
-from bwprune.vllm.support import refuse_unsupported
+from bwprune.vllm.support import refuse_split, refuse_unsupported
 
 SERVED_NAME = "bwprune"  # the model name requests use
 STATE = "bwprune_method.pt"  # the prepared method and its ledger, in the served folder
@@ -49,8 +49,9 @@ def export_served(cfg: DictConfig, folder: Path) -> PreparedModel:
     from bwprune.vllm.widths import STRUCTURE_KEY
 
     prepared = prepare_loaded(*load_model(cfg.model, cfg.paths.cache_dir), method)
-    refuse_sharding(prepared.method, int(cfg.generation.vllm.tensor_parallel_size),
-                    hasattr(prepared.model.config, STRUCTURE_KEY))  # fmt: skip
+    size = int(cfg.generation.vllm.tensor_parallel_size)
+    refuse_sharding(prepared.method, size, hasattr(prepared.model.config, STRUCTURE_KEY))
+    refuse_split(prepared.model.config, size, str(cfg.model.name))
     if folder.exists():  # a method's state is saved anew: its calibration may have changed
         shutil.rmtree(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)

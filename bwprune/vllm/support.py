@@ -9,6 +9,28 @@ from bwprune.errors import UserError, choices_error
 from bwprune.methods.sharded import TP_SELECT
 
 
+def splits(config, size: int) -> bool:
+    """Whether vLLM shards a model of this HF `config` over `size` workers: its query heads and
+    FFN neurons divide by `size`, and its KV heads divide by it or it by them (replicated)."""
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    kv_fits = kv % size == 0 if kv >= size else size % kv == 0
+    return heads % size == 0 and config.intermediate_size % size == 0 and kv_fits
+
+
+def refuse_split(config, size: int, model: str) -> None:
+    """One line, before vLLM starts, when `model` cannot be sharded over `size` workers."""
+    if not splits(config, size):
+        fits = [n for n in range(1, 17) if splits(config, n)]
+        raise UserError(
+            f"generation.vllm.tensor_parallel_size={size}: vLLM cannot split {model} "
+            f"({config.num_attention_heads} attention heads, "
+            f"{getattr(config, 'num_key_value_heads', None) or config.num_attention_heads} KV "
+            f"heads, {config.intermediate_size} FFN neurons) over {size} workers; sizes that "
+            f"divide it: {fits}"
+        )
+
+
 def refuse_unsupported(cfg: DictConfig, kind: str) -> None:
     """One line naming what `generation.backend=vllm` cannot run, and why; `kind`: the
     benchmark's kind (generate | perplexity)."""

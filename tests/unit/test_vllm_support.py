@@ -78,3 +78,23 @@ def test_workers_are_bound_to_their_share_of_the_cores(monkeypatch, cores, size,
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(cores))
     assert thread_binding(size) == binding
+
+
+def test_a_model_vllm_cannot_split_is_refused_naming_the_sizes_it_can():
+    """vLLM's rule: query heads and FFN neurons divide by the size, KV heads divide by it or it
+    by them (replicated). SmolLM2-135M: 9 heads, 3 KV heads, 1536 neurons."""
+    from types import SimpleNamespace
+
+    from bwprune.vllm.support import refuse_split, splits
+
+    smollm2 = SimpleNamespace(num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536)
+    shape = SimpleNamespace(num_attention_heads=6, num_key_value_heads=2, intermediate_size=1536)
+    assert [n for n in range(1, 10) if splits(smollm2, n)] == [1, 3]
+    assert [n for n in range(1, 10) if splits(shape, n)] == [1, 2, 6]
+    refuse_split(smollm2, 3, "smollm2_135m")
+    with pytest.raises(
+        UserError,
+        match=r"size=2: vLLM cannot split smollm2_135m \(9 attention "
+        r"heads, 3 KV heads.*sizes that divide it: \[1, 3\]",
+    ):
+        refuse_split(smollm2, 2, "smollm2_135m")
