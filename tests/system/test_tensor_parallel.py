@@ -1,7 +1,7 @@
 """vLLM at tensor-parallel size 2 on this CPU (two worker processes, one core each): `ours` (and
 Griffin) with global selection decides, at every forward and on both ranks, the kept sets of the
 HF host (the one-worker engine's, tests/contract), and generates its tokens with its realized
-sparsity, in a static batch (and, ours, in a stream). A rank's FFN sums only its shard: the tokens
+sparsity, in a static batch (and, ours, in a stream and in a compiled engine). A rank's FFN sums only its shard: the tokens
 agree because the shards' partial sums are all-reduced (without that they differ, checked once by
 hand)."""
 
@@ -54,11 +54,12 @@ def decisions(worker) -> list:
     return worker.bwprune_seen
 
 
-@pytest.fixture(scope="module")
-def setup():
+def engine(*overrides: str):
+    """The tiny model, its sampling and a size-2 vLLM engine on it (`overrides`: how it runs)."""
     from bwprune.vllm.runner import VLLMRunner
 
-    cfg = compose_cfg([*MODEL, *METHODS["ours"], "generation.vllm.tensor_parallel_size=2"])
+    cfg = compose_cfg([*MODEL, *METHODS["ours"], "generation.vllm.tensor_parallel_size=2",
+                       *overrides])  # fmt: skip
     cfg.model.device = "cpu"
     model, tok = load_model(cfg.model, cfg.paths.cache_dir)
     prepared = prepare_loaded(model, tok, build_method(cfg.method))
@@ -67,6 +68,11 @@ def setup():
     hf.stop_ids = torch.tensor([], dtype=torch.long)
     vllm = VLLMRunner.for_run(cfg, prepared, hf, max(map(len, PROMPTS)))
     return model, tok, prepared, sampling, vllm
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return engine()
 
 
 def fresh_method(model, tok, adapter, name: str = "ours"):
@@ -80,6 +86,17 @@ def fresh_method(model, tok, adapter, name: str = "ours"):
 )
 def test_two_workers_decide_and_generate_as_the_hf_host(setup, name, select):
     """per_rank: the HF host choosing shard by shard as the ranks do (`PerRank`)."""
+    decide_as_the_hf_host(setup, name, select)
+
+
+def test_two_compiled_workers_keep_the_methods_decisions():
+    """Compiled (torch.compile in each worker): the FFN's opaque op holds the all-reduce too."""
+    built = engine("generation.vllm.compile=true")
+    assert built[-1].compiled
+    decide_as_the_hf_host(built, "ours", "global")
+
+
+def decide_as_the_hf_host(setup, name: str, select: str) -> None:
     model, tok, prepared, sampling, vllm = setup
     method = fresh_method(model, tok, prepared.adapter, name)
     ledger = SparsityLedger(prepared.adapter, torch.device("cpu"))
