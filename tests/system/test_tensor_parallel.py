@@ -1,9 +1,9 @@
 """vLLM at tensor-parallel size 2 on this CPU (two worker processes, one core each): `ours` (and
 Griffin) with global selection decides, at every forward and on both ranks, the kept sets of the
 HF host (the one-worker engine's, tests/contract), and generates its tokens with its realized
-sparsity, in a static batch (and, ours, in a stream and in a compiled engine). A rank's FFN sums only its shard: the tokens
-agree because the shards' partial sums are all-reduced (without that they differ, checked once by
-hand)."""
+sparsity, in a static batch (and, ours, in a stream and in a compiled engine). A rank's FFN sums
+only its shard: the tokens agree because the shards' partial sums are all-reduced (without that
+they differ, checked once by hand)."""
 
 from __future__ import annotations
 
