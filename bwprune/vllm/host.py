@@ -34,6 +34,7 @@ from bwprune.methods.neuron_set import NeuronSetMethod
 from bwprune.methods.sharded import PerRank
 from bwprune.models.sliced_mlp import KeptFFN, KeptWeights, SlotWeights
 from bwprune.vllm import packed
+from bwprune.vllm.support import refuse_split
 
 
 def _first(value):
@@ -138,18 +139,24 @@ def compilable(method: PruningMethod) -> bool:
     return set(method.sites) <= FFN_SITES
 
 
-def refuse_sharding(method: PruningMethod, size: int, own_widths: bool) -> None:
-    """One line if `method` cannot run on `size` tensor-parallel workers: a keep mask of a shard
-    would be the method's whole view of a layer (its ledger would count one shard), and a model
-    of per-layer widths (TriSP's) is split by no rule vLLM knows."""
+def refuse_tensor_parallel(method: PruningMethod, model: nn.Module, size: int, name: str) -> None:
+    """One line, before vLLM starts, if `method` on `model` (the HF model called `name`) cannot
+    run on `size` tensor-parallel workers: a keep mask of a shard would be the method's whole view
+    of a layer (its ledger would count one shard); a model of per-layer widths (TriSP's) is split
+    by no rule vLLM knows; vLLM splits FFN neurons only by sizes that divide them, and heads too
+    unless they can be padded (`bwprune.vllm.support.splits`)."""
+    from bwprune.vllm.widths import STRUCTURE_KEY
+
     if size == 1:
         return
+    own_widths = hasattr(model.config, STRUCTURE_KEY)
     if own_widths or (decides_per_forward(method) and not isinstance(method, NeuronSetMethod)):
         raise UserError(
             f"{type(method).__name__} cannot run at generation.vllm.tensor_parallel_size={size}: "
             "there, run a method that keeps neuron sets (ours, griffin) or prunes weights in "
             "place (dense, wanda)"
         )
+    refuse_split(model.config, size, type(model).__name__, name)
 
 
 class VLLMHost(Host):

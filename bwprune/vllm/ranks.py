@@ -22,7 +22,7 @@ from bwprune.engine.protocol import MethodDriver
 from bwprune.generation.runner import BatchTiming
 from bwprune.methods.base import PruningMethod
 from bwprune.vllm.host import VLLMHost
-from bwprune.vllm.session import Session, StreamSession
+from bwprune.vllm.session import Session, StreamSession, bound
 
 
 @dataclass
@@ -80,9 +80,7 @@ def begin(worker, key: str, slots: int | None = None,
     else:
         session = StreamSession(driver, driver.host, runner, device, slots, progress=progress)
     stack = ExitStack()
-    stack.enter_context(driver.attached())
-    runner.model.bwprune_session = session
-    stack.callback(setattr, runner.model, "bwprune_session", None)
+    stack.enter_context(bound(session))
     state.session, state.bound = session, stack
 
 

@@ -22,6 +22,7 @@ cannot load is refused.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
@@ -53,8 +54,9 @@ from bwprune.runs.speedup import timed_ratios
 from bwprune.vllm import ranks
 from bwprune.vllm.cores import workers_bound
 from bwprune.vllm.ffn_route import SPLITTING_OP
-from bwprune.vllm.host import compilable, refuse_sharding
-from bwprune.vllm.support import refuse_split
+from bwprune.vllm.host import compilable, refuse_tensor_parallel
+from bwprune.vllm.padding import Heads, pad_heads, padding
+from bwprune.vllm.ray_cpu import ray_for_cpu_workers
 
 UNMIXED = "bwprune.vllm.scheduler.UnmixedScheduler"  # imported by vLLM, never before it
 
@@ -122,27 +124,43 @@ def plugin_architecture(model: torch.nn.Module) -> str:
     return architecture(type(model).__name__, hasattr(model.config, STRUCTURE_KEY))
 
 
-def export_model(model: torch.nn.Module, folder: Path) -> Path:
+def export_model(model: torch.nn.Module, folder: Path, size: int = 1) -> Path:
     """The model's config and weights as an HF folder vLLM loads (no tokenizer: ids in, ids out);
-    a model with layers of widths of their own keeps them in its config (TriSP's)."""
+    a model with layers of widths of their own keeps them in its config (TriSP's). With heads
+    that vLLM cannot split over `size` workers, they are padded with zero heads until it can
+    (`bwprune.vllm.padding`)."""
     plugin_architecture(model)
     if not (folder / "config.json").exists():
         partial_dir = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".part"))
-        model.save_pretrained(partial_dir)
+        padded = padding(model.config, type(model).__name__, size)
+        if padded is None:
+            model.save_pretrained(partial_dir)
+        else:
+            heads = Heads.of(model.config)
+            log.warning("vLLM at size %d: %d attention heads over %d KV heads padded with zero "
+                        "heads to %d over %d (the same outputs; more attention work)", size,
+                        heads.query, heads.kv, padded.query, padded.kv)  # fmt: skip
+            state, config = pad_heads(model.state_dict(), model.config, padded)
+            model.save_pretrained(partial_dir, state_dict=state)
+            config.save_pretrained(partial_dir)
         partial_dir.replace(folder)  # a folder is whole or absent, also when interrupted
     return folder
 
 
 def model_folder(cfg: DictConfig, prepared: PreparedModel) -> tuple[Path, bool]:
     """Where vLLM loads the run's model from, and whether that folder is the run's own (pruned
-    weights: removed once loaded). Unpruned weights are exported once per model config."""
+    weights: removed once loaded). Unpruned weights are exported once per model config and
+    tensor-parallel size whose heads need padding."""
     root = Path(cfg.paths.cache_dir).expanduser() / "vllm"
     root.mkdir(parents=True, exist_ok=True)
+    size = int(cfg.generation.vllm.get("tensor_parallel_size", 1))
     if prepared.method.edits_weights:
-        return export_model(prepared.model, Path(tempfile.mkdtemp(dir=root)) / "model"), True
+        return export_model(prepared.model, Path(tempfile.mkdtemp(dir=root)) / "model", size), True
     model_cfg = json.dumps(OmegaConf.to_container(cfg.model, resolve=True), sort_keys=True)
     digest = hashlib.sha256(model_cfg.encode()).hexdigest()[:12]
-    return export_model(prepared.model, root / f"{cfg.model.name}-{digest}"), False
+    heads = padding(prepared.model.config, type(prepared.model).__name__, size)
+    padded = "" if heads is None else f"-heads{heads.query}x{heads.kv}"
+    return export_model(prepared.model, root / f"{cfg.model.name}-{digest}{padded}", size), False
 
 
 class VLLMRunner:
@@ -165,20 +183,20 @@ class VLLMRunner:
         os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
         from vllm import LLM
 
-        from bwprune.vllm.widths import STRUCTURE_KEY
-
         self.hf, self.prepared, self.method = hf, prepared, prepared.method
         self.tokenizer, self.sampling, self.device = hf.tokenizer, hf.sampling, hf.device
         self.settings, self.slots, self.tp_select = settings, slots, tp_select
         self.compiled = self._compiled()
         glued = decides_per_forward(self.method)
         size = settings.tensor_parallel_size
-        refuse_sharding(self.method, size, hasattr(prepared.model.config, STRUCTURE_KEY))
-        refuse_split(prepared.model.config, size, "the model")
+        refuse_tensor_parallel(self.method, prepared.model, size, "the model")
         dtype = str(next(prepared.model.parameters()).dtype).removeprefix("torch.")
         longest = settings.max_model_len or prepared.model.config.max_position_embeddings
         started = time.perf_counter()
-        with workers_bound(size if self.device.type == "cpu" else 1):
+        on_cpu = self.device.type == "cpu"
+        if size > 1 and settings.executor == "ray" and on_cpu:
+            ray_for_cpu_workers(size)
+        with workers_bound(size if on_cpu else 1):
             self.llm = LLM(
                 model=str(folder), skip_tokenizer_init=True, dtype=dtype, seed=seed,
                 enforce_eager=not self.compiled, tensor_parallel_size=size,
@@ -194,12 +212,21 @@ class VLLMRunner:
             )  # fmt: skip
         log.info("vLLM engine ready in %.1f s (%s, %d worker%s)", time.perf_counter() - started,
                  "compiled" if self.compiled else "eager", size, "s" * (size > 1))  # fmt: skip
+        if size > 1 and settings.executor == "ray":
+            # at exit Ray shuts down before vLLM's finalizer stops the workers, which then fail to
+            # (a traceback per worker): stop them first (atexit runs the latest registered first)
+            atexit.register(self.close)
         self.rpc = self.llm.collective_rpc
         self.local = size == 1  # the one worker runs here: its objects are this process's
         self.model_runner = self.rpc(lambda worker: worker.model_runner)[0] if self.local else None
         self.model = self.model_runner.model if self.local else None
         self._installed = 0
         self.driver = self.driver_for(self.method, prepared.ledger)
+
+    def close(self) -> None:
+        """Stop the engine and its workers now, not when it is collected."""
+        atexit.unregister(self.close)
+        self.llm.llm_engine.engine_core.shutdown()
 
     @classmethod
     def for_run(cls, cfg: DictConfig, prepared: PreparedModel, hf: BatchedRunner,

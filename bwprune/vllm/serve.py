@@ -29,12 +29,13 @@ from omegaconf import DictConfig
 
 from bwprune.config import build_method
 from bwprune.engine.protocol import MethodDriver
+from bwprune.errors import UserError
 from bwprune.generation.prepared import PreparedModel, prepare_loaded
 from bwprune.methods.host import decides_per_forward
 from bwprune.models.loading import load_model
-from bwprune.vllm.host import Shard, compilable, refuse_sharding
+from bwprune.vllm.host import Shard, compilable, refuse_tensor_parallel
 from bwprune.vllm.server import ServeSettings, launched
-from bwprune.vllm.support import refuse_split, refuse_unsupported
+from bwprune.vllm.support import refuse_unsupported
 
 SERVED_NAME = "bwprune"  # the model name requests use
 STATE = "bwprune_method.pt"  # the prepared method and its ledger, in the served folder
@@ -45,17 +46,19 @@ def export_served(cfg: DictConfig, folder: Path) -> PreparedModel:
     (pruned) weights and config, the tokenizer, and the prepared method with its ledger."""
     method = build_method(cfg.method)
     refuse_unsupported(cfg, "generate")
+    size = int(cfg.generation.vllm.tensor_parallel_size)
+    if size > 1 and cfg.generation.vllm.executor == "ray" and not torch.cuda.is_available():
+        raise UserError("make serve with generation.vllm.executor=ray needs GPUs: on CPU the "
+                        "server's vLLM starts a Ray instance with nothing to place its workers "
+                        "on (a run's engine can: docs/vllm.md); use executor=mp")  # fmt: skip
     from bwprune.vllm.runner import export_model
-    from bwprune.vllm.widths import STRUCTURE_KEY
 
     prepared = prepare_loaded(*load_model(cfg.model, cfg.paths.cache_dir), method)
-    size = int(cfg.generation.vllm.tensor_parallel_size)
-    refuse_sharding(prepared.method, size, hasattr(prepared.model.config, STRUCTURE_KEY))
-    refuse_split(prepared.model.config, size, str(cfg.model.name))
+    refuse_tensor_parallel(prepared.method, prepared.model, size, str(cfg.model.name))
     if folder.exists():  # a method's state is saved anew: its calibration may have changed
         shutil.rmtree(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    export_model(prepared.model, folder)
+    export_model(prepared.model, folder, size)
     prepared.tokenizer.save_pretrained(folder)
     torch.save({"method": prepared.method, "ledger": prepared.ledger}, folder / STATE)
     return prepared
@@ -138,7 +141,7 @@ def bind_served(runner, additional_config: dict | None) -> ExitStack | None:
     leaves (by the first tensor-parallel rank: every rank counts the same). Returns what keeps
     the method attached (None: no bwprune settings, plain vLLM)."""
     from bwprune.vllm.host import VLLMHost
-    from bwprune.vllm.session import StreamSession
+    from bwprune.vllm.session import StreamSession, bound
 
     settings = (additional_config or {}).get("bwprune")
     if not settings:
@@ -161,12 +164,10 @@ def bind_served(runner, additional_config: dict | None) -> ExitStack | None:
 
     slots = runner.vllm_config.scheduler_config.max_num_seqs
     session = StreamSession(driver, host, runner, device, slots, on_leave, timed=False)
-    model.bwprune_session = session
-    stack.enter_context(driver.attached())
-    # on the way out (last in, first out): unbound, the requests still seated leave (their
-    # lines written), the glue detached, the file closed
+    stack.enter_context(bound(session))
+    # on the way out (last in, first out): the requests still seated leave (their lines
+    # written), the method unbound and detached, the file closed
     stack.callback(session.close)
-    stack.callback(setattr, model, "bwprune_session", None)
     return stack
 
 

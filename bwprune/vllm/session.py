@@ -24,7 +24,8 @@ mixes them, and chunks long prompts): `bwprune.vllm.scheduler.UnmixedScheduler` 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -304,3 +305,16 @@ class StreamSession:
                                  torch.tensor(rows, device=device))  # fmt: skip
         self.step += 1
         return out
+
+
+@contextmanager
+def bound(session: Session | StreamSession) -> Iterator[None]:
+    """`session` drives every forward of its model while the block runs: its method's glue
+    attached, the model's forwards going through it; on the way out unbound, then detached."""
+    model = session.runner.model
+    with session.driver.attached():
+        model.bwprune_session = session
+        try:
+            yield
+        finally:
+            model.bwprune_session = None

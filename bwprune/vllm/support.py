@@ -2,32 +2,32 @@
 
 from __future__ import annotations
 
-import torch
 from omegaconf import DictConfig
 
 from bwprune.errors import UserError, choices_error
 from bwprune.methods.sharded import TP_SELECT
+from bwprune.vllm.padding import Heads, padding
 
 
-def splits(config, size: int) -> bool:
-    """Whether vLLM shards a model of this HF `config` over `size` workers: its query heads and
-    FFN neurons divide by `size`, and its KV heads divide by it or it by them (replicated)."""
-    heads = config.num_attention_heads
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    kv_fits = kv % size == 0 if kv >= size else size % kv == 0
-    return heads % size == 0 and config.intermediate_size % size == 0 and kv_fits
+def splits(config, size: int, model_class: str) -> bool:
+    """Whether vLLM shards a model of this HF `config` and class over `size` workers: its FFN
+    neurons divide by `size`, and its heads split (`Heads.split`) or are padded until they do
+    (`bwprune.vllm.padding`; Llama's family only)."""
+    heads = Heads.of(config)
+    return config.intermediate_size % size == 0 and (
+        heads.split(size) or padding(config, model_class, size) is not None
+    )
 
 
-def refuse_split(config, size: int, model: str) -> None:
+def refuse_split(config, size: int, model_class: str, model: str) -> None:
     """One line, before vLLM starts, when `model` cannot be sharded over `size` workers."""
-    if not splits(config, size):
-        fits = [n for n in range(1, 17) if splits(config, n)]
+    if not splits(config, size, model_class):
+        heads = Heads.of(config)
+        fits = [n for n in range(1, 17) if splits(config, n, model_class)]
         raise UserError(
             f"generation.vllm.tensor_parallel_size={size}: vLLM cannot split {model} "
-            f"({config.num_attention_heads} attention heads, "
-            f"{getattr(config, 'num_key_value_heads', None) or config.num_attention_heads} KV "
-            f"heads, {config.intermediate_size} FFN neurons) over {size} workers; sizes that "
-            f"divide it: {fits}"
+            f"({heads.query} attention heads, {heads.kv} KV heads, {config.intermediate_size} "
+            f"FFN neurons) over {size} workers; sizes that divide it: {fits}"
         )
 
 
@@ -51,6 +51,3 @@ def refuse_unsupported(cfg: DictConfig, kind: str) -> None:
     if select != "global" and size == 1:
         raise UserError(f"generation.tp_select={select} chooses per tensor-parallel rank: it "
                         "needs generation.vllm.tensor_parallel_size > 1")  # fmt: skip
-    if size > 1 and gen.vllm.get("executor") == "ray" and not torch.cuda.is_available():
-        raise UserError("generation.vllm.executor=ray: vLLM's CPU build runs no Ray workers "
-                        "(no Ray device on its platform); on CPU use executor=mp")  # fmt: skip

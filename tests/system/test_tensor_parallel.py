@@ -96,6 +96,50 @@ def test_two_compiled_workers_keep_the_methods_decisions():
     decide_as_the_hf_host(built, "ours", "global")
 
 
+def served_heads(worker) -> tuple[int, int]:
+    config = worker.model_runner.model_config.hf_config
+    return config.num_attention_heads, config.num_key_value_heads
+
+
+def test_two_workers_on_padded_heads_decide_and_generate_as_the_hf_host():
+    """3 heads over 1 KV head, which vLLM cannot split over 2 workers: vLLM runs the model with a
+    zero group appended (6 heads over 2, `bwprune.vllm.padding`), and decides and generates as
+    the HF host on the unpadded model does."""
+    built = engine("model.arch.hidden_size=96", "model.arch.num_attention_heads=3",
+                   "model.arch.num_key_value_heads=1")  # fmt: skip
+    assert built[-1].rpc(served_heads) == [(6, 2), (6, 2)]
+    decide_as_the_hf_host(built, "ours", "global")
+
+
+def ray_actor(worker) -> str | None:
+    import ray
+
+    return ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
+
+
+def test_two_ray_workers_decide_and_generate_as_the_hf_host():
+    """vLLM's Ray executor (`generation.vllm.executor=ray`): the engine starts a local Ray
+    instance declaring a unit per CPU worker (`bwprune.vllm.ray_cpu`), each worker a Ray actor;
+    they decide and generate as the processes of vLLM's own executor do. More workers than the
+    instance declares are refused, naming the count."""
+    import ray
+
+    from bwprune.errors import UserError
+    from bwprune.vllm.ray_cpu import ray_for_cpu_workers
+
+    assert not ray.is_initialized()
+    try:
+        built = engine("generation.vllm.executor=ray")
+        actors = built[-1].rpc(ray_actor)
+        assert len(set(actors)) == 2 and None not in actors, actors
+        decide_as_the_hf_host(built, "ours", "global")
+        with pytest.raises(UserError, match="declares 2 worker units"):
+            ray_for_cpu_workers(3)
+        built[-1].close()
+    finally:
+        ray.shutdown()
+
+
 def decide_as_the_hf_host(setup, name: str, select: str) -> None:
     model, tok, prepared, sampling, vllm = setup
     method = fresh_method(model, tok, prepared.adapter, name)
@@ -160,8 +204,9 @@ def test_two_workers_stream_as_the_hf_stream(setup):
 
 
 def test_a_server_on_two_workers_writes_one_ledger_line_per_request(tmp_path):
-    """`make serve` at size 2: each worker binds the method to its forwards; the first rank
-    alone writes the ledger (every rank counts the same), one line per request."""
+    """`make serve` at size 2 (eager: compiled workers are the engine test's): each worker binds
+    the method to its forwards; the first rank alone writes the ledger (every rank counts the
+    same), one line per request."""
     import json
     import socket
     import urllib.request
@@ -177,6 +222,7 @@ def test_a_server_on_two_workers_writes_one_ledger_line_per_request(tmp_path):
         port = s.getsockname()[1]
     overrides = ["model=tiny_llama_wide", "method=ours", "method.t_init=2", "batch_size=4",
                  f"serve.port={port}", "generation.vllm.tensor_parallel_size=2",
+                 "generation.vllm.compile=false",  # compiled at size 2: the test above
                  f"paths.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("serve", overrides=overrides)
