@@ -101,27 +101,20 @@ def served_heads(worker) -> tuple[int, int]:
     return config.num_attention_heads, config.num_key_value_heads
 
 
-def test_two_workers_on_padded_heads_decide_and_generate_as_the_hf_host():
-    """3 heads over 1 KV head, which vLLM cannot split over 2 workers: vLLM runs the model with a
-    zero group appended (6 heads over 2, `bwprune.vllm.padding`), and decides and generates as
-    the HF host on the unpadded model does."""
-    built = engine("model.arch.hidden_size=96", "model.arch.num_attention_heads=3",
-                   "model.arch.num_key_value_heads=1")  # fmt: skip
-    assert built[-1].rpc(served_heads) == [(6, 2), (6, 2)]
-    decide_as_the_hf_host(built, "ours", "global")
-
-
 def ray_actor(worker) -> str | None:
     import ray
 
     return ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
 
 
-def test_two_ray_workers_decide_and_generate_as_the_hf_host():
+def test_two_ray_workers_on_padded_heads_decide_and_generate_as_the_hf_host():
     """vLLM's Ray executor (`generation.vllm.executor=ray`): the engine starts a local Ray
     instance declaring a unit per CPU worker (`bwprune.vllm.ray_cpu`), each worker a Ray actor;
     they decide and generate as the processes of vLLM's own executor do. More workers than the
-    instance declares are refused, naming the count."""
+    instance declares are refused, naming the count. The model has 3 heads over 1 KV head, which
+    vLLM cannot split over 2 workers: it runs them with a zero group appended (6 heads over 2,
+    `bwprune.vllm.padding`), and still decides and generates as the HF host on the unpadded
+    model does."""
     import ray
 
     from bwprune.errors import UserError
@@ -129,7 +122,10 @@ def test_two_ray_workers_decide_and_generate_as_the_hf_host():
 
     assert not ray.is_initialized()
     try:
-        built = engine("generation.vllm.executor=ray")
+        three_heads = ["model.arch.hidden_size=96", "model.arch.num_attention_heads=3",
+                       "model.arch.num_key_value_heads=1"]  # fmt: skip
+        built = engine("generation.vllm.executor=ray", *three_heads)
+        assert built[-1].rpc(served_heads) == [(6, 2), (6, 2)]
         actors = built[-1].rpc(ray_actor)
         assert len(set(actors)) == 2 and None not in actors, actors
         decide_as_the_hf_host(built, "ours", "global")
