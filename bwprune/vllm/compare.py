@@ -123,7 +123,7 @@ def capturing(driver: MethodDriver, capture: Capture) -> Iterator[Capture]:
 
 
 def request_rows(requests: list[str]) -> dict[str, int]:
-    """vLLM request ids (`<n>-<suffix>`, n counting up in the order `LLM.generate` took the
+    """vLLM request ids (`<n>-<suffix>`, n counting up in the order `VLLMRunner.run` added the
     prompts) -> the batch row of each."""
     ordered = sorted(requests, key=lambda r: int(r.split("-", 1)[0]))
     return {r: row for row, r in enumerate(ordered)}

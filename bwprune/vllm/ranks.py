@@ -11,7 +11,6 @@ from every rank, in rank order (pickled when the worker is another process).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
@@ -66,19 +65,17 @@ def driver(worker, key: str) -> MethodDriver:
     return _installed(worker).drivers[key]
 
 
-def begin(worker, key: str, slots: int | None = None,
-          progress: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
+def begin(worker, key: str, slots: int | None = None) -> None:
     """Bind `key`'s method to the model's forwards: a static batch (`slots` None) or a stream of
-    `slots` seats. `progress(step, live rows)` before each decode forward (a callable reaches a
-    worker in this process only)."""
+    `slots` seats."""
     state = _installed(worker)
     close(worker)  # a session an error left bound
     driver, runner = state.drivers[key], worker.model_runner
     device = torch.device(runner.device)
     if slots is None:
-        session = Session(driver, driver.host, runner, device, progress)
+        session = Session(driver, driver.host, runner, device)
     else:
-        session = StreamSession(driver, driver.host, runner, device, slots, progress=progress)
+        session = StreamSession(driver, driver.host, runner, device, slots)
     stack = ExitStack()
     stack.enter_context(bound(session))
     state.session, state.bound = session, stack

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -221,6 +222,7 @@ class VLLMRunner:
         self.model_runner = self.rpc(lambda worker: worker.model_runner)[0] if self.local else None
         self.model = self.model_runner.model if self.local else None
         self._installed = 0
+        self._requests = itertools.count()  # static batches' request ids
         self.driver = self.driver_for(self.method, prepared.ledger)
 
     def close(self) -> None:
@@ -315,11 +317,14 @@ class VLLMRunner:
             ) -> tuple[list, ranks.Generated]:  # fmt: skip
         """vLLM's outputs (in prompt order) and what the session that drove `driver` through
         them recorded (the first rank's: every rank decides and counts the same)."""
-        with self.bound(driver, None, progress):
-            outputs = self.llm.generate(
-                [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False
-            )
-            return outputs, self.rpc(ranks.end)[0]
+        engine = self.llm.llm_engine
+        with self.bound(driver, None):
+            ids = [str(next(self._requests)) for _ in prompts]  # counting up, in prompt order
+            for request, prompt, param in zip(ids, prompts, params):
+                engine.add_request(request, {"prompt_token_ids": prompt}, param)
+            done = {out.request_id: out for outs in self._steps(progress) for out in outs
+                    if out.finished}  # fmt: skip
+            return [done[r] for r in ids], self.rpc(ranks.end)[0]
 
     def stream(self, prompts: list[torch.Tensor], on_finish,
                progress: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
@@ -330,11 +335,11 @@ class VLLMRunner:
         stop = self.hf.stop_ids.tolist()
         params = self.sampling_params(max_tokens=self.sampling.max_new_tokens, stop=stop)
         engine = self.llm.llm_engine
-        with self.bound(self.driver, self.slots, progress):
+        with self.bound(self.driver, self.slots):
             for i, p in enumerate(prompts):
                 engine.add_request(str(i), {"prompt_token_ids": p.tolist()}, params)
-            while engine.has_unfinished_requests():
-                done = [out for out in engine.step() if out.finished]
+            for outs in self._steps(progress):
+                done = [out for out in outs if out.finished]
                 if not done:
                     continue
                 finished = [out.request_id for out in done]
@@ -347,13 +352,24 @@ class VLLMRunner:
                 on_finish([int(out.request_id) for out in done], completions, timing)
             self.rpc(ranks.end_stream)
 
+    def _steps(self, progress: Callable[[int, int], None] | None) -> Iterator[list]:
+        """vLLM's engine stepped until it holds no request: each step's outputs. `progress(step,
+        requests in it)` after each step, counted here, in this process, at any number of
+        workers (a callback does not reach workers in processes of their own)."""
+        engine, step = self.llm.llm_engine, 0
+        while engine.has_unfinished_requests():
+            live = engine.get_num_unfinished_requests()
+            outs = engine.step()
+            if progress is not None:
+                progress(step, live)
+            step += 1
+            yield outs
+
     @contextmanager
-    def bound(self, driver: EngineMethod, slots: int | None,
-              progress: Callable[[int, int], None] | None) -> Iterator[None]:  # fmt: skip
+    def bound(self, driver: EngineMethod, slots: int | None) -> Iterator[None]:
         """`driver`'s method bound to the workers' forwards (`ranks.begin`) for the block;
-        unbound on the way out, also on errors. `progress` reaches a worker in this process
-        only."""
-        self.rpc(ranks.begin, args=(driver.key, slots, progress if self.local else None))
+        unbound on the way out, also on errors."""
+        self.rpc(ranks.begin, args=(driver.key, slots))
         try:
             yield
         finally:

@@ -112,12 +112,10 @@ def place_prompts(batch: ForwardBatch, host: VLLMHost, device: torch.device) -> 
 class Session:
     """One method's driver bound to a vLLM model for static-batch generations."""
 
-    def __init__(self, driver: MethodDriver, host: VLLMHost, runner, device: torch.device,
-                 progress: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
+    def __init__(self, driver: MethodDriver, host: VLLMHost, runner, device: torch.device) -> None:
         """One static batch (its requests all queued before its first forward). `runner`:
-        vLLM's model runner (its input batch says what each forward runs); `progress(step,
-        live rows)` is called before every decode forward."""
-        self.driver, self.host, self.runner, self.progress = driver, host, runner, progress
+        vLLM's model runner (its input batch says what each forward runs)."""
+        self.driver, self.host, self.runner = driver, host, runner
         self.slots: list[str] = []  # the request in each slot
         self.rows: list[str] = []  # the requests the generation started with, in slot order
         self.timer = StepTimer(device)
@@ -169,8 +167,6 @@ class Session:
         order = [where[r] for r in self.slots]
         same = order == list(range(len(order))) and batch.tokens == len(order)
         self.host.place(None if same else torch.tensor(order, device=device))
-        if self.progress is not None:
-            self.progress(self.step, len(self.slots))
         finished = torch.zeros(len(self.slots), dtype=torch.bool, device=device)
         out = self.driver.decode(self.step, finished, lambda capturable: run())
         self.step += 1
@@ -184,12 +180,11 @@ class StreamSession:
 
     def __init__(self, driver: MethodDriver, host: VLLMHost, runner, device: torch.device,
                  slots: int, on_leave: Callable[[str, dict], None] | None = None,
-                 progress: Callable[[int, int], None] | None = None,
                  timed: bool = True) -> None:  # fmt: skip
         """`slots`: vLLM's `max_num_seqs`; `on_leave(request id, ledger summary)` is called as
         each request leaves the stream (a server's; without it, `release` hands summaries back);
-        `progress(step, live rows)` before every decode forward; `timed`: forwards are timed for
-        `take` (a server never takes them, and an endless stream's marks would pile up).
+        `timed`: forwards are timed for `take` (a server never takes them, and an endless
+        stream's marks would pile up).
 
         The method gets `PREEMPTED_ROOM` times as many slots as vLLM has seats: a request vLLM
         preempts (its KV cache full) keeps its slot and its ledger while it waits, to be
@@ -197,7 +192,7 @@ class StreamSession:
         queue skips a preempted request that is not ready to resume). A slot no request runs in
         sits out every forward, so the extra slots change no decision."""
         self.driver, self.host, self.runner = driver, host, runner
-        self.on_leave, self.progress, self.device = on_leave, progress, device
+        self.on_leave, self.device = on_leave, device
         slots *= PREEMPTED_ROOM
         self.slots: list[str | None] = [None] * slots  # the request in each slot
         self.summaries: dict[str, dict] = {}  # request id -> ledger summary, left, not released
@@ -299,8 +294,6 @@ class StreamSession:
         self.host.place(None if same else torch.tensor(order, device=device))
         finished = torch.ones(len(self.slots), dtype=torch.bool, device=device)
         finished[rows] = False
-        if self.progress is not None:
-            self.progress(self.step, len(rows))
         out = self.driver.decode(self.step, finished, lambda capturable: run(),
                                  torch.tensor(rows, device=device))  # fmt: skip
         self.step += 1

@@ -155,7 +155,10 @@ def decide_as_the_hf_host(setup, name: str, select: str) -> None:
 
     assert installed.local is None  # the method lives in the workers only
     vllm.rpc(record_decisions, args=(installed.key,))
-    out, timing = vllm.generate_with(installed, ids, attn, STEPS, stop=[])
+    steps: list[tuple[int, int]] = []
+    out, timing = vllm.generate_with(installed, ids, attn, STEPS, stop=[],
+                                     progress=lambda *a: steps.append(a))  # fmt: skip
+    assert steps == [(s, len(PROMPTS)) for s in range(STEPS)]  # the run's bar, at any size
     ranks = vllm.rpc(decisions)
     assert len(ranks) == 2
     assert ranks[0] == ranks[1] == hf_seen, "kept sets differ between ranks or from the HF host"
