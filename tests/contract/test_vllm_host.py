@@ -200,7 +200,10 @@ def test_a_static_batch_in_vllm_is_the_hf_hosts(engine, name):
 def test_teacher_forced_engines_decide_alike(engine, name):
     """scripts/compare_engines.py's comparison (`bwprune.vllm.compare`): the HF completions
     forced through both engines, every kept set and keep-mask entry, ledger and logit compared
-    forward by forward: on the tiny models nothing differs, near-tie or not."""
+    forward by forward. The engines multiply through different kernels, so a threshold's
+    decision may flip where a score sits within their float disagreement of it (a near-tie: one
+    of 27,136 CATS decisions on one of this project's CPUs, none on another); nothing else may
+    differ, and where nothing flipped the logits agree to rounding."""
     from bwprune.vllm.compare import compare_batch
 
     method = engine.method(name)
@@ -208,9 +211,14 @@ def test_teacher_forced_engines_decide_alike(engine, name):
     driver = engine.vllm.driver_for(method, SparsityLedger(engine.prepared.adapter, "cpu"))
     tally = compare_batch(engine.hf_runner(method), engine.vllm, driver, *engine.padded())
     assert tally.same_forwards and tally.forwards > 1 and tally.tokens > len(PROMPTS)
-    assert (tally.differing, tally.ledgers_differing) == (0, 0)
-    assert tally.max_abs_logit_diff < 1e-3 and tally.kl < 1e-8
+    assert tally.differing_not_near_tie == 0
+    assert tally.differing or tally.ledgers_differing == 0  # a ledger follows the decisions
+    assert tally.differing <= tally.decisions // 1000  # near-ties are rare
     assert tally.float_disagreement < 1e-4
+    if tally.differing:  # a flipped neuron moves the logits a little, no more
+        assert tally.max_abs_logit_diff < 0.05 and tally.kl < 1e-6
+    else:
+        assert tally.max_abs_logit_diff < 1e-3 and tally.kl < 1e-8
     assert (tally.decisions > 0) == (name != "dense")
 
 
