@@ -37,24 +37,24 @@ class SlotWrites:
         return int(self.slots.numel())
 
     def gather(
-        self, weight: torch.Tensor, dim: int = 0, parts: int = 1, out: torch.Tensor | None = None
+        self, weight: torch.Tensor, parts: int = 1, out: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """`weight`'s rows (dim 0) or columns (dim 1) of the written neurons, zeros for `EMPTY`.
-        `parts`: `weight` stacks that many FFN-sized blocks along `dim` (gate|up: 2); the
-        written neurons' rows of each block come block after block, in one gather. `out`: a
-        contiguous tensor of the result's shape to gather into (a refill's buffer: one pass
-        over the weights instead of a gather and a copy)."""
+        """`weight`'s rows of the written neurons, zeros for `EMPTY` (every layout keeps a
+        neuron's weights as a row of its source: a column is H strided reads). `parts`:
+        `weight` stacks that many FFN-sized blocks of rows (gate|up: 2); the written neurons'
+        rows of each block come block after block, in one gather. `out`: a contiguous tensor of
+        the result's shape to gather into (a refill's buffer: one pass over the weights instead
+        of a gather and a copy)."""
         full = self.entered == len(self)  # no slot is emptied: every neuron is a real one
         neurons = self.neurons if full else self.neurons.clamp_min(0)
         if parts > 1:
-            block = weight.shape[dim] // parts
+            block = weight.shape[0] // parts
             neurons = torch.cat([neurons + j * block for j in range(parts)])
-        picked = torch.index_select(weight, dim, neurons, out=out)
+        picked = torch.index_select(weight, 0, neurons, out=out)
         if full:
             return picked
-        shape = [1, 1]
-        shape[dim] = -1
-        return picked.masked_fill_((self.neurons < 0).repeat(parts).view(shape), 0)
+        empty = (self.neurons < 0).repeat(parts)
+        return picked.masked_fill_(empty.view([-1] + [1] * (picked.dim() - 1)), 0)
 
 
 def capacity(kept: int, align: int) -> int:

@@ -32,7 +32,7 @@ from bwprune.methods.base import PruningMethod, StepContext, Tokens
 from bwprune.methods.host import FFNSlot, Host, Site, decides_per_forward
 from bwprune.methods.neuron_set import NeuronSetMethod
 from bwprune.methods.sharded import PerRank
-from bwprune.models.sliced_mlp import KeptFFN, KeptWeights, SlotWeights
+from bwprune.models.sliced_mlp import KeptFFN, KeptWeights, SlotWeights, neuron_rows
 from bwprune.vllm import packed
 from bwprune.vllm.support import refuse_split
 
@@ -100,16 +100,16 @@ class SlicedMLP(KeptFFN):
         self.mlp, self.act_fn = mlp, mlp.act_fn
         self.gate_up, self.down = gate_up, down  # (2 D_ff, H): gate rows then up rows; (H, D_ff)
         self.gate, self.up = gate_up[:d_ff], gate_up[d_ff:]
-        self.down_t: torch.Tensor | None = None
+        self.down_rows: torch.Tensor | None = None  # made once, by the first kept set
         self.gate_bias, self.up_bias = (None, None) if gate_up_bias is None else \
             (gate_up_bias[:d_ff], gate_up_bias[d_ff:])  # fmt: skip
 
     def slot_weights(self, slots: int) -> SlotWeights:
+        if self.down_rows is None:
+            self.down_rows = neuron_rows(self.down)
         if self.packed and packed.fits(self.down.shape[0], slots):
-            if self.down_t is None:  # once: the packed writes read down columns as rows
-                self.down_t = self.down.t().contiguous()
-            return packed.PackedKeptWeights(self.gate_up, self.down_t, slots)
-        return KeptWeights(self.gate, self.up, self.down,
+            return packed.PackedKeptWeights(self.gate_up, self.down_rows, slots)
+        return KeptWeights(self.gate, self.up, self.down_rows,
                            (self.gate_bias, self.up_bias, self.down_bias), self.act_fn,
                            slots)  # fmt: skip
 

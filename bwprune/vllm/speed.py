@@ -149,9 +149,9 @@ def measure_refresh(hidden: int, d_ff: int, kept: int, layers: int, churn: float
     slots = [KeptSlots(d_ff, ALIGN) for _ in range(layers)]
     index = [torch.randperm(d_ff, generator=gen)[:kept] for _ in range(layers)]
     weights = []
-    for s, i, (gate_up, down_t) in zip(slots, index, sources):
+    for s, i, (gate_up, down_rows) in zip(slots, index, sources):
         first = s.assign(i)  # fills every slot
-        weights.append(PackedKeptWeights(gate_up, down_t, s.capacity))
+        weights.append(PackedKeptWeights(gate_up, down_rows, s.capacity))
         weights[-1].write(first)
     moved = round(churn * kept)
     assign_ms, write_ms, panels = [], [], []

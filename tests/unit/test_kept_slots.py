@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from bwprune.models.kept_slots import EMPTY, KeptSlots, capacity
-from bwprune.models.sliced_mlp import KeptWeights
+from bwprune.models.sliced_mlp import KeptWeights, neuron_rows
 
 
 def random_sets(d_ff: int, sizes: list[int], seed: int = 0) -> list[torch.Tensor]:
@@ -60,12 +60,14 @@ def test_plain_weights_follow_the_slots():
     for index in random_sets(d_ff, [20, 20, 18, 24, 20]):
         writes = slots.assign(index)
         if writes.refill:
-            weights = KeptWeights(gate, up, down, (None, None, None), lambda t: t, slots.capacity)
+            weights = KeptWeights(
+                gate, up, neuron_rows(down), (None, None, None), lambda t: t, slots.capacity
+            )
         weights.write(writes)
         held = slots.slots
         live = held >= 0
         c = slots.capacity
         assert torch.equal(weights.gate_up[:c][live], gate[held[live]])
         assert torch.equal(weights.gate_up[c:][live], up[held[live]])
-        assert torch.equal(weights.down[:, live], down[:, held[live]])
-        assert not weights.gate_up[:c][~live].any() and not weights.down[:, ~live].any()
+        assert torch.equal(weights.down_rows[live], down[:, held[live]].T)
+        assert not weights.gate_up[:c][~live].any() and not weights.down_rows[~live].any()

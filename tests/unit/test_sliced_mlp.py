@@ -45,7 +45,7 @@ def test_a_refresh_writes_only_the_neurons_that_changed(tiny):
     x = torch.randn(2, 3, model.config.hidden_size)
     first = torch.randperm(sliced.d_ff)[:40]
     assert sliced.set_index(first).refill
-    buffers = [sliced.weights.gate_up.data_ptr(), sliced.weights.down.data_ptr()]
+    buffers = [sliced.weights.gate_up.data_ptr(), sliced.weights.down_rows.data_ptr()]
     reordered = sliced.set_index(first.flip(0))  # the same set in another order
     assert reordered is not None and len(reordered) == 0
     second = torch.cat([first[:30], torch.tensor(sorted(set(range(sliced.d_ff)) - set(
@@ -53,7 +53,7 @@ def test_a_refresh_writes_only_the_neurons_that_changed(tiny):
     writes = sliced.set_index(second)
     assert not writes.refill and len(writes) == writes.entered == 10
     assert set(sliced.slots.slots.tolist()) == set(second.tolist())
-    assert [sliced.weights.gate_up.data_ptr(), sliced.weights.down.data_ptr()] == buffers
+    assert [sliced.weights.gate_up.data_ptr(), sliced.weights.down_rows.data_ptr()] == buffers
     torch.testing.assert_close(sliced(x), masked_reference(mlp, x, second), atol=1e-5, rtol=1e-5)
     sliced.set_index(None)
     assert sliced.kept == sliced.d_ff and torch.equal(sliced(x), mlp(x))
