@@ -8,8 +8,9 @@
 sparsity and, at every forward, the kept set of every layer. Run it under another checkout (a
 `git worktree` of an older commit, with PYTHONPATH pointing at it) to record what that code
 decided. `compare` prints, as one JSON line, whether the completions are equal and how many
-(forward, layer) kept sets differ. Used to check that keeping neurons in slots (#43) left the
-decisions and completions of `ours` as they were (docs/engine.md).
+(forward, layer) kept sets differ (as sets: their order is where a host puts them). Used to
+check that keeping neurons in slots (#43) left the decisions and completions of `ours` as they
+were (docs/engine.md).
 """
 
 import json
@@ -60,7 +61,7 @@ def compare(a: Path, b: Path) -> dict:
     first, second = (torch.load(p, weights_only=False) for p in (a, b))
     forwards = [(x[0], x[1]) for x in first["seen"]] == [(x[0], x[1]) for x in second["seen"]]
     differing = sum(
-        (x is None) != (y is None) or (x is not None and not torch.equal(x, y))
+        (x is None) != (y is None) or (x is not None and not torch.equal(x.sort()[0], y.sort()[0]))
         for (_, _, one), (_, _, two) in zip(first["seen"], second["seen"])
         for x, y in zip(one, two)
     )

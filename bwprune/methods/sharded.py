@@ -33,7 +33,7 @@ def per_rank_kept(local_scores: torch.Tensor, k: int, rank: int, world_size: int
 def per_rank_set(scores: torch.Tensor, k: int, world_size: int) -> torch.Tensor:
     """`per_rank`'s kept set of one layer, from its unsharded (D,) scores: each of `world_size`
     contiguous shards' own top `per_rank_count` (what each rank keeps, given the same scores),
-    as sorted global indices."""
+    as global indices, shard by shard, each shard's most important first (`topk_index`)."""
     if scores.numel() % world_size:
         raise ValueError(f"D={scores.numel()} neurons do not split evenly over {world_size} ranks")
     width = scores.numel() // world_size

@@ -25,7 +25,7 @@ def test_per_rank_misses_what_a_crowded_shard_needs():
     scores = torch.tensor([8.0, 7, 6, 5, 1, 2, 3, 4])  # the global top-4 all sit on rank 0
     assert topk_index(scores, 4).tolist() == [0, 1, 2, 3]
     assert per_rank_kept(scores[:4], 4, 0, 2).tolist() == [0, 1]
-    assert per_rank_kept(scores[4:], 4, 1, 2).tolist() == [2, 3]  # neurons 6 and 7
+    assert per_rank_kept(scores[4:], 4, 1, 2).tolist() == [3, 2]  # neurons 7 and 6
     missed, lost = per_rank_gap(scores, 4, 2)
     assert missed == 0.5 and lost == pytest.approx((26 - 22) / 26)
     assert per_rank_gap(scores, 4, 1) == (0.0, 0.0)  # one rank: per_rank is global
@@ -36,9 +36,9 @@ def test_a_method_chooses_per_rank_through_its_selection():
     sets each shard would keep alone, and the fraction of the global top-k each choice missed."""
     scores = torch.tensor([8.0, 7, 6, 5, 1, 2, 3, 4])
     missed: list[float] = []
-    assert PerRank(2, missed.append)(scores, 4).tolist() == [0, 1, 6, 7]
+    assert PerRank(2, missed.append)(scores, 4).tolist() == [0, 1, 7, 6]
     assert missed == [0.5]
     method = NeuronSetMethod()
     assert method.top(scores, 4).tolist() == [0, 1, 2, 3]  # no selection set: the global top-k
     method.selection = PerRank(2, missed.append)
-    assert method.top(scores, 4).tolist() == [0, 1, 6, 7] and missed == [0.5, 0.5]
+    assert method.top(scores, 4).tolist() == [0, 1, 7, 6] and missed == [0.5, 0.5]
