@@ -29,25 +29,27 @@ def unit_sq(z: torch.Tensor, in_place: bool = False) -> torch.Tensor:
 
 
 def phase_score(sum_sq: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """Eq. 2: s_j = ‖Z̄_{·,j}‖₂ / √T from accumulated `unit_sq` sums (B, D) and token counts (B,).
+    """Eq. 2: s_j = ‖Z̄_{·,j}‖₂ / √T from accumulated `unit_sq` sums (..., B, D) and token
+    counts (..., B).
 
     The 1/√T removes length bias, so a long prompt and a 4-token exploration window are comparable.
     Rows without a valid token score 0.
     """
-    return (sum_sq / count.clamp_min(1)[:, None].to(sum_sq.dtype)).sqrt()
+    return (sum_sq / count.clamp_min(1)[..., None].to(sum_sq.dtype)).sqrt_()
 
 
 def aggregate(scores: torch.Tensor, rows: torch.Tensor, how: str) -> torch.Tensor:
-    """Eq. 3: (B, D) per-row scores -> (D,) batch score over the rows in `rows` (B,) bool.
+    """Eq. 3: (..., B, D) per-row scores -> (..., D) batch score over the rows in `rows` (B,)
+    bool (any leading dims: layers, scored at once).
 
     `max` keeps a neuron that any sample needs (the paper's default); `mean` is the ablation.
     Scores are >= 0, so rows left out contribute 0 to `max`.
     """
     if how == "max":
-        return (scores * rows[:, None].to(scores.dtype)).amax(dim=0)
+        return (scores * rows[:, None].to(scores.dtype)).amax(dim=-2)
     if how == "mean":
         weights = rows.to(scores.dtype)
-        return (scores * weights[:, None]).sum(dim=0) / weights.sum().clamp_min(1)
+        return (scores * weights[:, None]).sum(dim=-2) / weights.sum().clamp_min(1)
     raise choices_error("aggregate", how, AGGREGATES)
 
 

@@ -208,10 +208,9 @@ class Ours(NeuronSetMethod):
         if self.memory_policy == "reset" and not bool(elders.any()):
             self.memory = [None] * len(self.memory)  # every row of the last clearing has left
             self._cleared_after = self.slots.arrivals
-        rows = phase.rows
-        for layer, prev in enumerate(self.memory):
-            batch_score = aggregate(phase.scores(layer), rows, self.aggregate)  # (D,)
-            self.memory[layer] = self._merge(layer, prev, batch_score)
+        batch_scores = aggregate(phase.all_scores(), phase.rows, self.aggregate)  # (L, D_max)
+        for layer, (prev, d) in enumerate(zip(self.memory, self.shape.d_ff)):
+            self.memory[layer] = self._merge(layer, prev, batch_scores[layer, :d])
 
     def _absorb_rows(self, phase: PhaseScores) -> None:
         """memory_policy=request: each row's own score s_i enters its own m_i (Eq. 3 waits for

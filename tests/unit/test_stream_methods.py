@@ -544,3 +544,18 @@ def test_a_forwards_layers_fold_into_the_phase_as_each_alone_would():
     for layer in range(len(widths)):
         assert torch.equal(phase.sum_sq[layer], expected[layer])
         assert torch.equal(phase.count[layer], 3 * count)
+
+
+def test_every_layers_scores_at_once_are_each_layers_scores_padded_with_zeros():
+    """`all_scores` (what ours' memory takes, one op per statistic) against `scores(l)`, with
+    layers of two widths and a row set aside."""
+    phase = PhaseScores([8, 5, 8], 3)
+    tokens = Tokens(torch.arange(3).repeat_interleave(2), torch.ones(6, dtype=torch.bool))
+    for layer, width in enumerate(phase.d_ff):
+        phase.add(layer, torch.rand(6, width), tokens)
+    phase.follow(RowsGathered(torch.tensor([0, 2])))
+    every = phase.all_scores()
+    assert every.shape == (3, 3, 8)  # layers, rows (the one set aside first), widest layer
+    for layer, width in enumerate(phase.d_ff):
+        assert torch.equal(every[layer, :, :width], phase.scores(layer))
+        assert not every[layer, :, width:].any()
