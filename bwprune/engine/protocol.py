@@ -146,6 +146,7 @@ class MethodDriver:
         self.method.begin_step(ctx)
         self.host.begin(ctx, valid, slots)
         out = forward()
+        self.host.end(ctx)
         sparsity = self.method.end_step(ctx)
         if counted is not None:
             self.ledger.record(sparsity, counted)

@@ -253,6 +253,10 @@ class Host:
             sparse = any(index is not None for index in self._applied)
             self.log.kinds.append("refresh" if refreshed else "sparse" if sparse else "dense")
 
+    def end(self, ctx: StepContext) -> None:
+        """After a forward (before the method's `end_step`): what the engine's side kept of it
+        for the method (`bwprune.methods.hf_host.HFHost`: a decode step's Z)."""
+
     def _refresh(self) -> bool:
         """Put the kept sets the method chose into the MLPs; whether a kept set changed."""
         start, written, overlap = time.perf_counter(), False, []

@@ -71,6 +71,13 @@ class PhaseScores:
         if self._held_elements >= self.HELD:
             self._fold()
 
+    def add_now(self, layers: Sequence[tuple[int, torch.Tensor]], tokens: Tokens) -> None:
+        """Several layers' (N, D) activations of one forward, folded in at once: they lie in
+        buffers the next forward writes again (`bwprune.models.sliced_mlp.SlicedMLP.sink`)."""
+        for layer, z in layers:
+            self.add(layer, z, tokens)
+        self._fold()
+
     @torch.inference_mode()
     def _fold(self) -> None:
         """The held activations into the statistics: one op per statistic for each run of
@@ -210,6 +217,7 @@ class NeuronSetMethod(PruningMethod):
         "end_step": "before_forward",
         "follow_rows": "start",
         "observe": "prompts_entered",
+        "observe_now": "prompts_entered",
         "capturable": "before_forward",
     }
 
@@ -284,6 +292,12 @@ class NeuronSetMethod(PruningMethod):
         """A host hands in layer `layer`'s (N, D) FF activations of a forward's tokens."""
         if self.phase is not None:
             self.phase.add(layer, z, tokens)
+
+    def observe_now(self, layers: Sequence[tuple[int, torch.Tensor]], tokens: Tokens) -> None:
+        """A host hands in several layers' (N, D) FF activations of the forward that just ran,
+        from buffers it writes again (`PhaseScores.add_now`)."""
+        if self.phase is not None:
+            self.phase.add_now(layers, tokens)
 
     def begin_step(self, ctx: StepContext) -> None:
         """Template: the policy picks this forward's kept set, then it is snapshotted. The

@@ -100,6 +100,34 @@ def test_a_restart_fills_the_slots_afresh_in_the_buffers_it_has(tiny):
     torch.testing.assert_close(moved, fresh(x), atol=1e-5, rtol=1e-5)
 
 
+@torch.inference_mode()
+def test_a_compiled_step_leaves_z_in_the_sink_and_an_eager_one_takes_the_sink_back(tiny):
+    """With a sink (an observed decode step, `bwprune.methods.hf_host`), the compiled dense graph
+    copies Z into it and calls no observer, and the output is dense's; run eagerly, the module
+    drops the sink, since its observers see Z."""
+    model, _ = tiny
+    sliced = SlicedMLP(adapter_for(model).ffn(0).mlp)
+    xs = [torch.randn(3, 1, model.config.hidden_size) for _ in range(2)]
+    zs = [sliced.act_fn(sliced.gate_proj(x)) * sliced.up_proj(x) for x in xs]
+    dense = [sliced.dense(x) for x in xs]
+    seen: list[torch.Tensor] = []
+    hook = sliced.down_proj.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    torch._dynamo.reset()
+    step = torch.compile(sliced, backend="aot_eager", dynamic=False)
+    try:
+        for x, z, out in zip(xs, zs, dense):  # the second replays the graph
+            sink = torch.zeros(2, *z.shape)[1]  # a view into a larger buffer, as the host's
+            sliced.sink = sink
+            torch.testing.assert_close(step(x), out)
+            assert sliced.sink is sink
+            torch.testing.assert_close(sink, z)
+        assert not seen
+        assert torch.equal(sliced(xs[0]), dense[0]) and sliced.sink is None and len(seen) == 1
+    finally:
+        hook.remove()
+        torch._dynamo.reset()
+
+
 def test_compiled_dense_path_is_traced_and_its_observers_fire_at_run_time(tiny):
     """Off CUDA a compiled step runs a kept set as the opaque op, and a dense step as a graph of
     its own: gate, up and their product traced (compiled as dense is), the down projection
