@@ -138,12 +138,7 @@ class PhaseScores:
 
     def scores(self, layer: int) -> torch.Tensor:
         """(rows, D) Eq. 2 scores of this phase for `layer`, rows that left first."""
-        self._fold()
-        sum_sq, count = self._sum_sq[layer], self._count[layer]
-        if self._left is not None:
-            sum_sq = torch.cat([self._left[layer], sum_sq])
-            count = torch.cat([self._left_count[layer], count])
-        return phase_score(sum_sq[:, : self.d_ff[layer]], count)
+        return self.all_scores()[layer, :, : self.d_ff[layer]]
 
     def all_scores(self) -> torch.Tensor:
         """(L, rows, D_max) Eq. 2 scores of this phase, every layer at once (`scores(l)` is
