@@ -5,9 +5,8 @@ layer keeps its FFN and its thresholded hidden states, and how to flatten the to
 (prefill: the valid ones; decode: one per slot, finished rows passed with `counts` False so a
 compiled step keeps its shape). Kept sets run as `SlicedMLP`s.
 
-The method reads Z through an observer on each down projection, as a forward runs; a compiled
-decode step it observes leaves Z in sinks instead, views of one buffer for every layer, which the
-host hands to the method after the forward (`SlicedMLP.sink`).
+The method reads Z through an observer on each down projection, as a forward runs; a decode step
+it observes leaves Z in sinks instead (`bwprune.methods.host.Host.end`).
 """
 
 from __future__ import annotations
@@ -15,9 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bwprune.methods.base import Phase, PruningMethod, StepContext, Tokens
+from bwprune.methods.base import Phase, StepContext, Tokens
 from bwprune.methods.host import FFNSlot, Host, Site
-from bwprune.methods.neuron_set import NeuronSetMethod
 from bwprune.models.adapters import ModelAdapter
 from bwprune.models.sliced_mlp import SlicedMLP
 
@@ -38,11 +36,6 @@ def site(adapter: ModelAdapter, layer: int, name: str) -> tuple[nn.Module, str, 
 class HFHost(Host):
     """The glue on a transformers model (through its `ModelAdapter`)."""
 
-    def __init__(self, method: PruningMethod) -> None:
-        super().__init__(method)
-        self._buffers: dict[int, torch.Tensor] = {}  # rows -> `_seen` buffer
-        self._sunk: torch.Tensor | None = None  # the buffer whose views are the sinks now
-
     def ffns(self, model: nn.Module, adapter: ModelAdapter) -> list[FFNSlot]:
         views = adapter.ffns()
         if [s.mlp for s in self.sliced] != [v.mlp for v in views]:
@@ -60,43 +53,9 @@ class HFHost(Host):
         self._valid, self._phase = valid, ctx.phase
         return self.padded_tokens(ctx, valid, slots)
 
-    def begin(self, ctx: StepContext, valid: torch.Tensor, slots: torch.Tensor | None) -> None:
-        """As every host, then: a decode step the method observes gives each dense layer that a
-        compiled step may run as a graph of its own (`SlicedMLP.opaque`) a sink, a view of one
-        `(L, B, 1, D_max)` buffer per batch size, so a compiled step writes the same addresses
-        every time; any other forward, none."""
-        super().begin(ctx, valid, slots)
-        observed = (self._glued and ctx.phase is Phase.DECODE and self.sliced
-                    and self.sliced[0].opaque and isinstance(self.method, NeuronSetMethod)
-                    and self.method.phase is not None)  # fmt: skip
-        if not observed and self._sunk is None:
-            return
-        seen = self._seen(valid.shape[0]) if observed else None
-        for layer, (sliced, index) in enumerate(zip(self.sliced, self._applied)):
-            dense = seen is not None and index is None
-            sliced.sink = seen[layer, ..., : sliced.d_ff] if dense else None
-        self._sunk = seen
-
-    def end(self, ctx: StepContext) -> None:
-        """What the sinks still hold (a compiled forward wrote them; an eager one took them
-        back) goes to the method: each dense layer's Z of the tokens that count."""
-        if self._sunk is None:
-            return
-        layers = [(layer, s.sink[:, -1]) for layer, s in enumerate(self.sliced)
-                  if s.sink is not None]  # fmt: skip
-        self.method.observe_now(layers, self._tokens)
-
-    def _seen(self, rows: int) -> torch.Tensor:
-        """The `(L, rows, 1, D_max)` buffer of decode steps over `rows` rows."""
-        if rows not in self._buffers:
-            weight = self.sliced[0].gate_proj.weight
-            width = max(s.d_ff for s in self.sliced)
-            self._buffers[rows] = weight.new_zeros(len(self.sliced), rows, 1, width)
-        return self._buffers[rows]
-
     def flat(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, D) -> (N, D) in token order."""
-        return x[:, -1] if self._phase is Phase.DECODE else x[self._valid]
+        """(..., B, T, D) -> (..., N, D) in token order (a prefill's: (B, T, D) alone)."""
+        return x[..., -1, :] if self._phase is Phase.DECODE else x[self._valid]
 
     def unflat(self, keep: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         if self._phase is Phase.DECODE:
@@ -104,3 +63,6 @@ class HFHost(Host):
         full = torch.ones(like.shape, dtype=torch.bool, device=like.device)
         full[self._valid] = keep
         return full
+
+    def sink_shape(self, valid: torch.Tensor) -> tuple[int, ...]:
+        return (valid.shape[0], 1)

@@ -176,6 +176,10 @@ class Host:
         self._applied: list[torch.Tensor | None] = []
         self._glued = False  # is glue on the model (else a forward needs no tokens)
         self._every: dict[tuple, torch.Tensor] = {}  # (B, device) -> arange(B)
+        self._downs: list[nn.Module] = []  # each layer's down projection, our observer on it
+        self._sinks: torch.Tensor | None = None  # (L, rows, ..., D_max), grown, never shrunk
+        self._sunk: list[tuple[int, int, int]] = []  # (first, end, width): this forward's sinks
+        self._sunk_in: torch.Tensor | None = None  # the views of `_sinks` they are in
         self.log = PhaseLog()
 
     # -- the engine's side (a subclass) ---------------------------------------------------------
@@ -204,6 +208,10 @@ class Host:
 
     def unflat(self, keep: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """(N, D) keep in `tokens` order -> a mask shaped like `like` (unseen tokens: kept)."""
+        raise NotImplementedError
+
+    def sink_shape(self, valid: torch.Tensor) -> tuple[int, ...]:
+        """The shape of a layer's Z in the decode forward over (B, 1) `valid`, less its width."""
         raise NotImplementedError
 
     def padded_tokens(
@@ -252,10 +260,57 @@ class Host:
         if ctx.phase is Phase.DECODE:
             sparse = any(index is not None for index in self._applied)
             self.log.kinds.append("refresh" if refreshed else "sparse" if sparse else "dense")
+        if self.sliced:
+            self._give_sinks(ctx, valid)
 
     def end(self, ctx: StepContext) -> None:
-        """After a forward (before the method's `end_step`): what the engine's side kept of it
-        for the method (`bwprune.methods.hf_host.HFHost`: a decode step's Z)."""
+        """After a forward (before the method's `end_step`): the Z its sinks hold goes to the
+        method, each run of consecutive layers of one width as one tensor."""
+        if not self._sunk:
+            return
+        sinks = self._sunk_in
+        runs = [(first, self.flat(self.whole(first, sinks[first:end, ..., :width])))
+                for first, end, width in self._sunk]  # fmt: skip
+        self.method.observe_now(runs, self._tokens)
+
+    def _give_sinks(self, ctx: StepContext, valid: torch.Tensor) -> None:
+        """A decode step whose Z the method observes gives each dense layer a sink
+        (`bwprune.models.sliced_mlp.KeptFFN.forward`): a view of one `(L, rows, ..., D_max)`
+        buffer, the same addresses for every step of a shape (a compiled step's graph writes
+        them); any other forward, none. Only where our observer is the only hook on every down
+        projection: a sink skips the projection's hooks, and another's must still fire."""
+        method = self.method
+        observed = (ctx.phase is Phase.DECODE and isinstance(method, NeuronSetMethod)
+                    and method.phase is not None and self._hooked_by_us_alone())  # fmt: skip
+        if not observed and not self._sunk:
+            return
+        sinks = self._sink_views(self.sink_shape(valid)) if observed else None
+        self._sunk, self._sunk_in = [], sinks
+        for layer, (sliced, index) in enumerate(zip(self.sliced, self._applied)):
+            sunk = sinks is not None and index is None
+            sliced.sink = sinks[layer, ..., : sliced.d_ff] if sunk else None
+            if not sunk:
+                continue
+            if self._sunk and self._sunk[-1][1:] == (layer, sliced.d_ff):
+                self._sunk[-1] = (self._sunk[-1][0], layer + 1, sliced.d_ff)
+            else:
+                self._sunk.append((layer, layer + 1, sliced.d_ff))
+
+    def _hooked_by_us_alone(self) -> bool:
+        if nn.modules.module._global_forward_pre_hooks or nn.modules.module._global_forward_hooks:
+            return False
+        return all(len(d._forward_pre_hooks) == 1 and not d._forward_hooks for d in self._downs)
+
+    def _sink_views(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """`(L, *shape, D_max)`: the first `shape[0]` rows of the sinks' buffer, which grows to
+        the most rows a forward has had (a stream's decode steps have from 1 to every seat)."""
+        held = self._sinks
+        if held is None or held.shape[1] < shape[0] or held.shape[2:-1] != shape[1:]:
+            weight = self.sliced[0].weight
+            rows = max(shape[0], 0 if held is None else held.shape[1])
+            width = max(s.d_ff for s in self.sliced)
+            self._sinks = weight.new_zeros(len(self.sliced), rows, *shape[1:], width)
+        return self._sinks[:, : shape[0]]
 
     def _refresh(self) -> bool:
         """Put the kept sets the method chose into the MLPs; whether a kept set changed."""
@@ -278,9 +333,12 @@ class Host:
     def _attach_neuron_set(self, hooks: HookSet, model: nn.Module, adapter: Any) -> None:
         ffns = self.ffns(model, adapter)
         self.sliced = [f.sliced for f in ffns]
+        self._downs = [f.down for f in ffns]
         self._applied = [None] * len(self.sliced)
+        self._sunk, self._sunk_in = [], None
         for layer, f in enumerate(ffns):
             f.sliced.set_index(None)
+            f.sliced.sink = None
             hooks.swap(f.parent, f.name, f.sliced)
             hooks.forward_pre(f.down, self._observer(layer))
 

@@ -71,12 +71,14 @@ class PhaseScores:
         if self._held_elements >= self.HELD:
             self._fold()
 
-    def add_now(self, layers: Sequence[tuple[int, torch.Tensor]], tokens: Tokens) -> None:
-        """Several layers' (N, D) activations of one forward, folded in at once: they lie in
-        buffers the next forward writes again (`bwprune.models.sliced_mlp.SlicedMLP.sink`)."""
-        for layer, z in layers:
-            self.add(layer, z, tokens)
+    @torch.inference_mode()
+    def add_now(self, runs: Sequence[tuple[int, torch.Tensor]], tokens: Tokens) -> None:
+        """Runs of consecutive layers' activations of one forward, `(first layer, (layers, N,
+        D))` each, folded in at once, in place: they lie in buffers the next forward writes
+        again (`bwprune.methods.host.Host.end`)."""
         self._fold()
+        for first, z in runs:
+            self._accumulate(first, unit_sq(z, in_place=True), tokens)
 
     @torch.inference_mode()
     def _fold(self) -> None:
@@ -88,28 +90,31 @@ class PhaseScores:
         held, self._held, self._held_elements = self._held, [], 0
         if not held:
             return
-        tokens = self._held_tokens
-        if self._sum_sq is None:
-            z = held[0][1]
-            self._sum_sq = torch.zeros(len(self.d_ff), self.batch_size, max(self.d_ff),
-                                       dtype=torch.float32, device=z.device)  # fmt: skip
-            self._count = self._sum_sq.new_zeros(len(self.d_ff), self.batch_size)
-        weight = tokens.counts.to(torch.float32)
         start = 0
         for end in range(1, len(held) + 1):
             last, z = held[end - 1]
             if end < len(held) and held[end][0] == last + 1 and held[end][1].shape == z.shape:
                 continue
-            first, width = held[start][0], z.shape[-1]
             if end - start > 1:  # a tensor of our own: the math overwrites it
                 run = unit_sq(self._stacked([h for _, h in held[start:end]]), in_place=True)
-                run.mul_(weight[:, None])
             else:
-                run = (unit_sq(z) * weight[:, None])[None]
-            self._sum_sq[first : last + 1, :, :width].index_add_(1, tokens.rows, run)
-            self._count[first : last + 1].index_add_(1, tokens.rows,
-                                                     weight.expand(end - start, -1))  # fmt: skip
+                run = unit_sq(z)[None]
+            self._accumulate(held[start][0], run, self._held_tokens)
             start = end
+
+    def _accumulate(self, first: int, run: torch.Tensor, tokens: Tokens) -> None:
+        """`unit_sq` of layers `first`... (layers, N, D), ours to overwrite, into the
+        statistics of the rows the tokens belong to (a token that does not count adds 0)."""
+        if self._sum_sq is None:
+            self._sum_sq = torch.zeros(len(self.d_ff), self.batch_size, max(self.d_ff),
+                                       dtype=torch.float32, device=run.device)  # fmt: skip
+            self._count = self._sum_sq.new_zeros(len(self.d_ff), self.batch_size)
+        layers, width = run.shape[0], run.shape[-1]
+        weight = tokens.counts.to(torch.float32)
+        run.mul_(weight[:, None])
+        self._sum_sq[first : first + layers, :, :width].index_add_(1, tokens.rows, run)
+        self._count[first : first + layers].index_add_(1, tokens.rows,
+                                                       weight.expand(layers, -1))  # fmt: skip
 
     def _stacked(self, held: list[torch.Tensor]) -> torch.Tensor:
         """`held` stacked in float32, in a buffer kept while its shape recurs (a fresh one per
@@ -288,11 +293,12 @@ class NeuronSetMethod(PruningMethod):
         if self.phase is not None:
             self.phase.add(layer, z, tokens)
 
-    def observe_now(self, layers: Sequence[tuple[int, torch.Tensor]], tokens: Tokens) -> None:
-        """A host hands in several layers' (N, D) FF activations of the forward that just ran,
-        from buffers it writes again (`PhaseScores.add_now`)."""
+    def observe_now(self, runs: Sequence[tuple[int, torch.Tensor]], tokens: Tokens) -> None:
+        """A host hands in the FF activations of the forward that just ran, `(first layer,
+        (layers, N, D))` per run of consecutive layers, from buffers it writes again
+        (`PhaseScores.add_now`)."""
         if self.phase is not None:
-            self.phase.add_now(layers, tokens)
+            self.phase.add_now(runs, tokens)
 
     def begin_step(self, ctx: StepContext) -> None:
         """Template: the policy picks this forward's kept set, then it is snapshotted. The

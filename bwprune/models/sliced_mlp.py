@@ -100,6 +100,7 @@ class KeptFFN(nn.Module):
         self.index: torch.Tensor | None = None
         self.slots = KeptSlots(d_ff, align, grow)
         self.weights: SlotWeights | None = None
+        self.sink: torch.Tensor | None = None  # where a dense forward leaves Z (see `forward`)
 
     # -- a subclass -------------------------------------------------------------------------------
     def slot_weights(self, slots: int) -> SlotWeights:
@@ -107,6 +108,20 @@ class KeptFFN(nn.Module):
         raise NotImplementedError
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:
+        """The FFN as its model runs it: hooks on its projections fire."""
+        raise NotImplementedError
+
+    def activation(self, x: torch.Tensor) -> torch.Tensor:
+        """Z, the down projection's input."""
+        raise NotImplementedError
+
+    def project(self, z: torch.Tensor) -> torch.Tensor:
+        """The down projection of Z, calling no hook on it."""
+        raise NotImplementedError
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """A weight of the FFN: the dtype and device of its activations."""
         raise NotImplementedError
 
     # -- the mechanism ----------------------------------------------------------------------------
@@ -138,21 +153,30 @@ class KeptFFN(nn.Module):
         self.slots = KeptSlots(self.d_ff, self.slots.align, self.slots.grow)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dense(x) if self.index is None else self.weights(x)
+        """The kept set; else dense, leaving Z in the `sink` where a host gave one.
+
+        A host gives sinks for a forward whose Z its method observes, when its own observer is
+        the only hook on the down projections (`bwprune.methods.host.Host.end` hands them over):
+        a hook per layer, its index and the scores' bookkeeping cost an observing decode step
+        of SmolLM2 several ms on this CPU, where one copy per layer and one fold of every layer
+        at once cost about one."""
+        if self.index is not None:
+            return self.weights(x)
+        if self.sink is None:
+            return self.dense(x)
+        z = self.activation(x)
+        self.sink.copy_(z)
+        return self.project(z)
 
 
 class SlicedMLP(KeptFFN):
     """Wraps an HF gated MLP (gate_proj, up_proj, down_proj, act_fn); same output when dense.
     Traced by a compiled step off CUDA, a kept set is the opaque op `bwprune::ffn` (`ffn_op`),
     so the step runs the kept set in force at each call; dense, it is traced (a graph of its own)
-    with the down projection behind `bwprune::observed`, so the observers in force fire.
-
-    A compiled decode step whose Z a method observes gives the module a `sink` instead: the
-    step's own graph copies Z there, calls no observer, and the host hands the sink to the method
-    once the forward has run (`bwprune.methods.hf_host`). Called out to layer by layer, the
-    observers cost a compiled observing step of SmolLM2 about 5 ms at batch 4 (an op, a module
-    call, a hook and an index per layer: 140-155 us each). A forward that runs eagerly takes the
-    sink back (None), as its observers see Z themselves."""
+    with Z copied into the sink where the host gave one, else with the down projection behind
+    `bwprune::observed`, so the observers in force fire (called out to layer by layer, they cost
+    a compiled observing step of SmolLM2 about 5 ms at batch 4: an op, a module call, a hook and
+    an index per layer, 140-155 us each)."""
 
     def __init__(self, mlp: nn.Module) -> None:
         super().__init__(mlp.gate_proj.out_features)
@@ -163,7 +187,6 @@ class SlicedMLP(KeptFFN):
         self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
         self.act_fn = mlp.act_fn
         self.down_rows: torch.Tensor | None = None  # made once, by the first kept set
-        self.sink: torch.Tensor | None = None  # (B, 1, D): a compiled observed step's Z
 
     def slot_weights(self, slots: int) -> KeptWeights:
         g, u, d = self.gate_proj, self.up_proj, self.down_proj
@@ -176,22 +199,24 @@ class SlicedMLP(KeptFFN):
         gate, up = gate_up.chunk(2, dim=-1)
         return self.act_fn(gate) * up
 
+    def activation(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act_fn(self.gate_proj(x)) * self.up_proj(x)
+
+    def project(self, z: torch.Tensor) -> torch.Tensor:
+        return self.down_proj.forward(z)
+
     def dense(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.activation(x))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.gate_proj.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (self.opaque and torch.compiler.is_compiling()):
-            if self.sink is not None:
-                self.sink = None  # eager: the observers on down_proj see Z themselves
-            return super().forward(x)
-        if self.index is not None:
-            return torch.ops.bwprune.ffn(x, self.handle)
-        # Dense (a method observing Z, or not yet pruning): a graph of its own, which computes
-        # gate, up and their product as compiled dense does; Z goes to the sink where the host
-        # gave one, else the down projection is called as a module, through an op, so that its
-        # observers fire at run time.
-        z = self.act_fn(self.gate_proj(x)) * self.up_proj(x)
-        if self.sink is not None:
-            self.sink.copy_(z)
-            return self.down_proj.forward(z)  # its own forward: the sink stands for its hooks
-        return torch.ops.bwprune.observed(z, self.down_handle, self.down_proj.out_features)
+        if self.opaque and torch.compiler.is_compiling():
+            if self.index is not None:
+                return torch.ops.bwprune.ffn(x, self.handle)
+            if self.sink is None:  # gate, up and their product as compiled dense does
+                z = self.activation(x)
+                return torch.ops.bwprune.observed(z, self.down_handle, self.down_proj.out_features)
+        return super().forward(x)

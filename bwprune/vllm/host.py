@@ -126,6 +126,16 @@ class SlicedMLP(KeptFFN):
     def dense(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp.dense(x)
 
+    def activation(self, x: torch.Tensor) -> torch.Tensor:  # as vLLM's own forward computes it
+        return self.act_fn(self.mlp.gate_up_proj(x)[0])
+
+    def project(self, z: torch.Tensor) -> torch.Tensor:
+        return self.mlp.down_proj.forward(z)[0]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.down
+
 
 FFN_SITES = frozenset({"gate_act", "mlp_mid"})  # hidden states inside the FFN's op
 
@@ -169,6 +179,7 @@ class VLLMHost(Host):
         self.compiled, self.tp_select = compiled, tp_select
         self.shard = Shard.current()
         self._order: torch.Tensor | None = None  # vLLM's index of each token; None: the same
+        self._count = 0  # tokens vLLM's next forward runs
 
     def attach(self, model: nn.Module, adapter=None):
         if self.compiled and not compilable(self.method):
@@ -206,10 +217,10 @@ class VLLMHost(Host):
                             "(a dummy load on CPU): load real weights")  # fmt: skip
         return own
 
-    def place(self, order: torch.Tensor | None) -> None:
+    def place(self, order: torch.Tensor | None, count: int) -> None:
         """The next forward's tokens: vLLM's index of each of the method's tokens (None: vLLM
-        runs them in the method's order, nothing else)."""
-        self._order = order
+        runs them in the method's order, nothing else), and how many vLLM runs (it may pad)."""
+        self._order, self._count = order, count
 
     def ffns(self, model: nn.Module, adapter=None) -> list[FFNSlot]:
         layers = model.model.layers
@@ -251,7 +262,7 @@ class VLLMHost(Host):
         return z
 
     def flat(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self._order is None else x[self._order]
+        return x if self._order is None else x.index_select(-2, self._order)
 
     def unflat(self, keep: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         if self._order is None:
@@ -259,3 +270,6 @@ class VLLMHost(Host):
         full = torch.ones(like.shape, dtype=torch.bool, device=like.device)
         full[self._order] = keep
         return full
+
+    def sink_shape(self, valid: torch.Tensor) -> tuple[int, ...]:
+        return (self._count,)

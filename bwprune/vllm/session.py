@@ -105,7 +105,7 @@ def place_prompts(batch: ForwardBatch, host: VLLMHost, device: torch.device) -> 
     lengths = torch.tensor([batch.scheduled(i) for i in range(len(batch.req_ids))], device=device)
     width = int(lengths.max())
     padded = batch.tokens != batch.starts[-1]
-    host.place(torch.arange(batch.starts[-1], device=device) if padded else None)
+    host.place(torch.arange(batch.starts[-1], device=device) if padded else None, batch.tokens)
     return torch.arange(width, device=device)[None] >= (width - lengths)[:, None]
 
 
@@ -166,7 +166,7 @@ class Session:
         where = {r: batch.starts[i] for i, r in enumerate(batch.req_ids)}
         order = [where[r] for r in self.slots]
         same = order == list(range(len(order))) and batch.tokens == len(order)
-        self.host.place(None if same else torch.tensor(order, device=device))
+        self.host.place(None if same else torch.tensor(order, device=device), batch.tokens)
         finished = torch.zeros(len(self.slots), dtype=torch.bool, device=device)
         out = self.driver.decode(self.step, finished, lambda capturable: run())
         self.step += 1
@@ -291,7 +291,7 @@ class StreamSession:
         rows = [i for i, r in enumerate(self.slots) if r in where]
         order = [where[self.slots[i]] for i in rows]
         same = order == list(range(len(order))) and batch.tokens == len(order)
-        self.host.place(None if same else torch.tensor(order, device=device))
+        self.host.place(None if same else torch.tensor(order, device=device), batch.tokens)
         finished = torch.ones(len(self.slots), dtype=torch.bool, device=device)
         finished[rows] = False
         out = self.driver.decode(self.step, finished, lambda capturable: run(),

@@ -101,28 +101,30 @@ def test_a_restart_fills_the_slots_afresh_in_the_buffers_it_has(tiny):
 
 
 @torch.inference_mode()
-def test_a_compiled_step_leaves_z_in_the_sink_and_an_eager_one_takes_the_sink_back(tiny):
-    """With a sink (an observed decode step, `bwprune.methods.hf_host`), the compiled dense graph
-    copies Z into it and calls no observer, and the output is dense's; run eagerly, the module
-    drops the sink, since its observers see Z."""
+def test_a_sink_takes_z_in_place_of_the_down_projections_hooks_compiled_or_eager(tiny):
+    """With a sink (an observed decode step, `bwprune.methods.host.Host`), the compiled dense
+    graph and the eager module alike copy Z into it and call no hook on the down projection, and
+    the output is dense's; without one, the hook sees Z."""
     model, _ = tiny
     sliced = SlicedMLP(adapter_for(model).ffn(0).mlp)
-    xs = [torch.randn(3, 1, model.config.hidden_size) for _ in range(2)]
+    xs = [torch.randn(3, 1, model.config.hidden_size) for _ in range(3)]
     zs = [sliced.act_fn(sliced.gate_proj(x)) * sliced.up_proj(x) for x in xs]
-    dense = [sliced.dense(x) for x in xs]
     seen: list[torch.Tensor] = []
     hook = sliced.down_proj.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    dense = [sliced.dense(x) for x in xs]  # the hook sees these
+    assert len(seen) == 3
     torch._dynamo.reset()
     step = torch.compile(sliced, backend="aot_eager", dynamic=False)
     try:
-        for x, z, out in zip(xs, zs, dense):  # the second replays the graph
+        for run, x, z, out in zip((step, step, sliced), xs, zs, dense):  # a replay, then eager
             sink = torch.zeros(2, *z.shape)[1]  # a view into a larger buffer, as the host's
             sliced.sink = sink
-            torch.testing.assert_close(step(x), out)
+            torch.testing.assert_close(run(x), out)
             assert sliced.sink is sink
             torch.testing.assert_close(sink, z)
-        assert not seen
-        assert torch.equal(sliced(xs[0]), dense[0]) and sliced.sink is None and len(seen) == 1
+        assert len(seen) == 3
+        sliced.sink = None
+        assert torch.equal(sliced(xs[0]), dense[0]) and len(seen) == 4
     finally:
         hook.remove()
         torch._dynamo.reset()

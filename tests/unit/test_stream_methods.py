@@ -559,3 +559,42 @@ def test_every_layers_scores_at_once_are_each_layers_scores_padded_with_zeros():
     for layer, width in enumerate(phase.d_ff):
         assert torch.equal(every[layer, :, :width], phase.scores(layer))
         assert not every[layer, :, width:].any()
+
+
+def test_a_run_of_layers_handed_in_at_once_folds_as_each_layer_alone_would():
+    """`add_now` (a host's sinks: consecutive layers stacked, overwritten in place) against
+    `add` layer by layer, bit for bit, with a token that does not count."""
+    widths, rows = [8, 8, 6], torch.tensor([2, 0, 1])
+    tokens = Tokens(rows, torch.tensor([True, False, True]))
+    z = torch.randn(3, 3, 8) * torch.rand(3, 3, 1) * 10
+    z[2, :, 6:] = 0  # the narrower layer's padding in the host's buffer
+    by_layer, at_once = PhaseScores(widths, 3), PhaseScores(widths, 3)
+    for layer, d in enumerate(widths):
+        by_layer.add(layer, z[layer, :, :d].clone(), tokens)
+    at_once.add_now([(0, z[:2].clone()), (2, z[2:, :, :6].clone())], tokens)
+    for layer in range(len(widths)):
+        assert torch.equal(at_once.sum_sq[layer], by_layer.sum_sq[layer])
+    assert torch.equal(at_once.count, by_layer.count)
+
+
+@pytest.mark.parametrize("foreign", [False, True], ids=["sinks", "hooks"])
+def test_observed_decode_steps_leave_z_in_sinks_unless_another_hook_must_fire(foreign):
+    """A decode step the method observes gives every dense layer a sink (one copy of Z per layer
+    and one fold per step, instead of a hook per layer); a hook of someone else's on a down
+    projection keeps every layer on hooks. Either way the phase holds the same sums, bit for bit,
+    as the hooks alone gave: the same forwards, the same scores."""
+    sums = {}
+    tiny_model("tiny_llama")  # built once (cached): each run below draws the same ids
+    for foreign_hook in (True, foreign):
+        torch.manual_seed(0)
+        method = method_from_conf("ours", sparsity=0.5, t_init=50, t_explore=2, t_prune=3)
+        with Stream(method) as s:
+            extra = [v.down.register_forward_pre_hook(lambda m, a: None)
+                     for v in s.driver.adapter.ffns()] if foreign_hook else []  # fmt: skip
+            s.decode(3)
+            assert all((sliced.sink is None) == foreign_hook for sliced in s.driver.host.sliced)
+            for handle in extra:
+                handle.remove()
+            sums[foreign_hook] = [t.clone() for t in method.phase.sum_sq], method.phase.count
+    (hooked, count), (ours, our_count) = sums[True], sums[foreign]
+    assert all(torch.equal(a, b) for a, b in zip(ours, hooked)) and torch.equal(our_count, count)
