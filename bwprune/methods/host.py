@@ -297,6 +297,7 @@ class Host:
                 self._sunk.append((layer, layer + 1, sliced.d_ff))
 
     def _hooked_by_us_alone(self) -> bool:
+        """Whether our observer is the only hook a down projection's call would fire."""
         if nn.modules.module._global_forward_pre_hooks or nn.modules.module._global_forward_hooks:
             return False
         return all(len(d._forward_pre_hooks) == 1 and not d._forward_hooks for d in self._downs)
@@ -304,12 +305,14 @@ class Host:
     def _sink_views(self, shape: tuple[int, ...]) -> torch.Tensor:
         """`(L, *shape, D_max)`: the first `shape[0]` rows of the sinks' buffer, which grows to
         the most rows a forward has had (a stream's decode steps have from 1 to every seat)."""
-        held = self._sinks
-        if held is None or held.shape[1] < shape[0] or held.shape[2:-1] != shape[1:]:
-            weight = self.sliced[0].weight
-            rows = max(shape[0], 0 if held is None else held.shape[1])
-            width = max(s.d_ff for s in self.sliced)
-            self._sinks = weight.new_zeros(len(self.sliced), rows, *shape[1:], width)
+        held, weight = self._sinks, self.sliced[0].weight
+        layout = (len(self.sliced), *shape[1:], max(s.d_ff for s in self.sliced))
+        fits = (held is not None and (held.shape[0], *held.shape[2:]) == layout
+                and held.shape[1] >= shape[0] and held.dtype == weight.dtype
+                and held.device == weight.device)  # fmt: skip
+        if not fits:
+            rows = max(shape[0], held.shape[1] if held is not None else 0)
+            self._sinks = weight.new_zeros(layout[0], rows, *layout[1:])
         return self._sinks[:, : shape[0]]
 
     def _refresh(self) -> bool:
