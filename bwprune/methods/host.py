@@ -178,8 +178,8 @@ class Host:
         self._every: dict[tuple, torch.Tensor] = {}  # (B, device) -> arange(B)
         self._downs: list[nn.Module] = []  # each layer's down projection, our observer on it
         self._sinks: torch.Tensor | None = None  # (L, rows, ..., D_max), grown, never shrunk
-        self._sunk: list[tuple[int, int, int]] = []  # (first, end, width): this forward's sinks
-        self._sunk_in: torch.Tensor | None = None  # the views of `_sinks` they are in
+        self._sunk: torch.Tensor | None = None  # the views of `_sinks` this forward writes
+        self._runs: list[tuple[int, int, int]] = []  # (first, end, width): layers of one width
         self.log = PhaseLog()
 
     # -- the engine's side (a subclass) ---------------------------------------------------------
@@ -266,35 +266,39 @@ class Host:
     def end(self, ctx: StepContext) -> None:
         """After a forward (before the method's `end_step`): the Z its sinks hold goes to the
         method, each run of consecutive layers of one width as one tensor."""
-        if not self._sunk:
+        if self._sunk is None:
             return
-        sinks = self._sunk_in
-        runs = [(first, self.flat(self.whole(first, sinks[first:end, ..., :width])))
-                for first, end, width in self._sunk]  # fmt: skip
+        runs = [(first, self.flat(self.whole(first, self._sunk[first:end, ..., :width])))
+                for first, end, width in self._runs]  # fmt: skip
         self.method.observe_now(runs, self._tokens)
 
     def _give_sinks(self, ctx: StepContext, valid: torch.Tensor) -> None:
-        """A decode step whose Z the method observes gives each dense layer a sink
-        (`bwprune.models.sliced_mlp.KeptFFN.forward`): a view of one `(L, rows, ..., D_max)`
-        buffer, the same addresses for every step of a shape (a compiled step's graph writes
-        them); any other forward, none. Only where our observer is the only hook on every down
-        projection: a sink skips the projection's hooks, and another's must still fire."""
+        """A decode step whose Z the method observes, every layer dense (a method observes
+        between kept sets), gives each layer a sink (`bwprune.models.sliced_mlp.KeptFFN.forward`):
+        a view of one `(L, rows, ..., D_max)` buffer, the same addresses for every step of a shape
+        (a compiled step's graph writes them); any other forward, none. Only where our observer
+        is the only hook on every down projection: a sink skips the projection's hooks, and
+        another's must still fire. Where sinks are not given, the hooks observe."""
         method = self.method
         observed = (ctx.phase is Phase.DECODE and isinstance(method, NeuronSetMethod)
-                    and method.phase is not None and self._hooked_by_us_alone())  # fmt: skip
-        if not observed and not self._sunk:
+                    and method.phase is not None and not any(i is not None for i in self._applied)
+                    and self._hooked_by_us_alone())  # fmt: skip
+        if not observed and self._sunk is None:
             return
-        sinks = self._sink_views(self.sink_shape(valid)) if observed else None
-        self._sunk, self._sunk_in = [], sinks
-        for layer, (sliced, index) in enumerate(zip(self.sliced, self._applied)):
-            sunk = sinks is not None and index is None
-            sliced.sink = sinks[layer, ..., : sliced.d_ff] if sunk else None
-            if not sunk:
-                continue
-            if self._sunk and self._sunk[-1][1:] == (layer, sliced.d_ff):
-                self._sunk[-1] = (self._sunk[-1][0], layer + 1, sliced.d_ff)
+        self._sunk = self._sink_views(self.sink_shape(valid)) if observed else None
+        for layer, sliced in enumerate(self.sliced):
+            sliced.sink = None if self._sunk is None else self._sunk[layer, ..., : sliced.d_ff]
+
+    def _widths(self) -> list[tuple[int, int, int]]:
+        """(first, end, width) of each run of consecutive layers of one width: what `end` hands
+        the method as one tensor each."""
+        runs: list[tuple[int, int, int]] = []
+        for layer, sliced in enumerate(self.sliced):
+            if runs and runs[-1][2] == sliced.d_ff:
+                runs[-1] = (runs[-1][0], layer + 1, sliced.d_ff)
             else:
-                self._sunk.append((layer, layer + 1, sliced.d_ff))
+                runs.append((layer, layer + 1, sliced.d_ff))
+        return runs
 
     def _hooked_by_us_alone(self) -> bool:
         """Whether our observer is the only hook a down projection's call would fire."""
@@ -338,7 +342,7 @@ class Host:
         self.sliced = [f.sliced for f in ffns]
         self._downs = [f.down for f in ffns]
         self._applied = [None] * len(self.sliced)
-        self._sunk, self._sunk_in = [], None
+        self._sunk, self._runs = None, self._widths()
         for layer, f in enumerate(ffns):
             f.sliced.set_index(None)
             f.sliced.sink = None
