@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from bwprune.methods import side_by_side
 from bwprune.methods.base import Phase, PruningMethod, StepContext, Tokens
 from bwprune.methods.hooks import HookSet
 from bwprune.methods.neuron_set import NeuronSetMethod
@@ -107,9 +108,10 @@ class PhaseLog:
 
     def summary(self, step_s: list[float]) -> dict:
         """Median ms of each kind of step (`step_s`: the same forwards' wall times, in order),
-        refreshes and their median host ms, and the mean overlap of kept sets over refreshes
-        and layers; with shards, the median ms of a forward's gathers, and under per-rank
-        selection the mean fraction of the global top-k a choice left out."""
+        refreshes and their median host ms (and that of fills, which no layer's kept set came
+        before), and the mean overlap of kept sets over refreshes and layers; with shards, the
+        median ms of a forward's gathers, and under per-rank selection the mean fraction of the
+        global top-k a choice left out."""
         times: dict[str, list[float]] = {}
         for kind, seconds in zip(list(self.kinds)[-len(step_s) :] if step_s else [], step_s):
             times.setdefault(kind, []).append(seconds)
@@ -117,6 +119,9 @@ class PhaseLog:
         out["refreshes"] = len(self.refresh_s)
         if self.refresh_s:
             out["refresh_ms"] = 1e3 * statistics.median(self.refresh_s)
+            fills = [s for s, stayed in zip(self.refresh_s, self.overlap) if not stayed]
+            if fills:  # no layer had a kept set before: every slot filled afresh
+                out["fill_ms"] = 1e3 * statistics.median(fills)
             stayed = [o for layers in self.overlap for o in layers]
             if stayed:
                 out["overlap"] = statistics.fmean(stayed)
@@ -321,17 +326,23 @@ class Host:
 
     def _refresh(self) -> bool:
         """Put the kept sets the method chose into the MLPs; whether a kept set changed."""
-        start, written, overlap = time.perf_counter(), False, []
+        start, overlap = time.perf_counter(), []
         changed = [(i, index) for i, index in enumerate(self.method.kept)
                    if index is not self._applied[i]]  # fmt: skip
-        with one_thread(changed[0][1] if changed else None):
-            for i, index in changed:
-                writes = self.sliced[i].set_index(index)
-                self._applied[i] = index
-                written |= writes is not None
-                if writes is not None and not writes.refill:  # a refill has no predecessor
-                    overlap.append(1.0 - writes.entered / max(1, self.sliced[i].kept))
-        if not written:
+        if not changed:
+            return False
+        first = next((index for _, index in changed if index is not None), None)
+        # a generation's first kept sets fill every layer afresh: the layers side by side
+        fill = first is not None and first.device.type == "cpu" and all(
+            self.sliced[i].slots.capacity == 0 for i, _ in changed)  # fmt: skip
+        threads = torch.get_num_threads() if fill else 1
+        with one_thread(first):
+            done = side_by_side.each(lambda c: self.sliced[c[0]].set_index(c[1]), changed, threads)
+        for (i, index), writes in zip(changed, done):
+            self._applied[i] = index
+            if writes is not None and not writes.refill:  # a refill has no predecessor
+                overlap.append(1.0 - writes.entered / max(1, self.sliced[i].kept))
+        if all(writes is None for writes in done):
             return False
         self.log.refresh_s.append(time.perf_counter() - start)
         self.log.overlap.append(overlap)

@@ -53,13 +53,14 @@ def markdown_table(rows: list[dict]) -> str:
 
 PHASE_COLUMNS = (
     "batch", "method", "dense step ms", "sparse step ms", "refresh step ms", "refresh ms",
-    "refreshes", "kept overlap", "decode speedup / ideal (measured r)",
+    "fill ms", "refreshes", "kept overlap", "decode speedup / ideal (measured r)",
 )  # fmt: skip
 
 
 def phase_table(rows: list[dict]) -> str:
     """Where the decode time of the rows that ran kept sets goes (`PhaseLog.summary`, medians
-    over repeats): each kind of step, the host's time per refresh, how many kept neurons stayed
+    over repeats): each kind of step, the host's time per refresh and per fill (a
+    generation's first kept sets, every slot afresh), how many kept neurons stayed
     per refresh, and the decode speedup against its schedule-aware ideal (and, where a row ran
     on tensor-parallel shards, the ms its forwards spent gathering them); "" when no row ran a
     kept set."""
@@ -78,7 +79,8 @@ def phase_table(rows: list[dict]) -> str:
         of_ideal = None if not ideal else r["speedup_decode"]["median"] / ideal
         cells = [str(r["batch_size"]), r["method"], fmt(p.get("dense_step_ms")),
                  fmt(p.get("sparse_step_ms")), fmt(p.get("refresh_step_ms")),
-                 fmt(p.get("refresh_ms"), 2), str(round(p.get("refreshes", 0))),
+                 fmt(p.get("refresh_ms"), 2), fmt(p.get("fill_ms"), 2),
+                 str(round(p.get("refreshes", 0))),
                  fmt(p.get("overlap"), 3), fmt(of_ideal, 2)]  # fmt: skip
         if sharded:
             cells.append(fmt(p.get("gather_ms"), 2))
