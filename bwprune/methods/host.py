@@ -133,19 +133,20 @@ class PhaseLog:
 
 
 @contextmanager
-def one_thread(index: torch.Tensor | None) -> Iterator[None]:
-    """One CPU thread inside (when `index` is a CPU tensor). A refresh is small scattered copies,
+def one_thread(index: torch.Tensor | None) -> Iterator[int]:
+    """One CPU thread inside (when `index` is a CPU tensor); yields the caller's thread count
+    there (1 elsewhere): what threads side by side may use. A refresh is small scattered copies,
     which a second thread barely speeds up; and while other processes hold the cores (a server's
     engine and API processes, a second job), OpenMP's barriers make each small parallel op wait
     for a descheduled thread: 30 layers' refresh at 13 % churn took 32 ms on one thread against
     520 ms on two on this 2-core machine under such load (medians of 8, alternated)."""
     if index is None or index.device.type != "cpu" or torch.get_num_threads() == 1:
-        yield
+        yield 1
         return
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        yield
+        yield threads
     finally:
         torch.set_num_threads(threads)
 
@@ -333,11 +334,10 @@ class Host:
             return False
         first = next((index for _, index in changed if index is not None), None)
         # a generation's first kept sets fill every layer afresh: the layers side by side
-        fill = first is not None and first.device.type == "cpu" and all(
-            self.sliced[i].slots.capacity == 0 for i, _ in changed)  # fmt: skip
-        threads = torch.get_num_threads() if fill else 1
-        with one_thread(first):
-            done = side_by_side.each(lambda c: self.sliced[c[0]].set_index(c[1]), changed, threads)
+        fill = all(self.sliced[i].slots.capacity == 0 for i, _ in changed)
+        with one_thread(first) as threads:
+            done = side_by_side.each(lambda c: self.sliced[c[0]].set_index(c[1]), changed,
+                                     threads if fill else 1)  # fmt: skip
         for (i, index), writes in zip(changed, done):
             self._applied[i] = index
             if writes is not None and not writes.refill:  # a refill has no predecessor
