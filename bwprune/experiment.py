@@ -32,7 +32,7 @@ from bwprune.runs.recorder import RunRecorder
 from bwprune.runs.shards import merge_shards, shard_batches
 from bwprune.runs.summary import summarize
 from bwprune.runs.tracking import Tracker, make_tracker
-from bwprune.vllm.support import refuse_unsupported
+from bwprune.vllm.binding.support import refuse_unsupported
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def _backend(cfg: DictConfig) -> Backend:
     """The run's generation host (`generation.backend`, validated by `bwprune.config`). vLLM is
     imported only by the runs that use it: importing it takes seconds and sets its logging."""
     if cfg.generation.backend == "vllm":
-        from bwprune.vllm.backend import VLLMBackend
+        from bwprune.vllm.running.backend import VLLMBackend
 
         return VLLMBackend()
     return HFBackend()

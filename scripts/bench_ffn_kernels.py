@@ -16,7 +16,7 @@ import torch
 from bwprune.config import compose_config
 from bwprune.methods.neuron_scores import kept_count
 from bwprune.models.loading import load_model
-from bwprune.vllm.speed import measure_ffn_kernels, measure_refresh
+from bwprune.vllm.running.speed import measure_ffn_kernels, measure_refresh
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -120,8 +120,8 @@ def vllm_part(cfg, overrides: list[str], model: nn.Module, tokenizer, engine_spe
     loaded again and runs in engines of its own, timed against dense vLLM as the others are."""
     from bwprune.generation.prepared import prepare_loaded
     from bwprune.generation.runner import SamplingConfig
-    from bwprune.vllm.runner import VLLMRunner
-    from bwprune.vllm.speed import measure_vllm
+    from bwprune.vllm.running.runner import VLLMRunner
+    from bwprune.vllm.running.speed import measure_vllm
 
     bench = cfg.bench
     top = max(batch_sizes)
@@ -168,7 +168,7 @@ def vllm_part(cfg, overrides: list[str], model: nn.Module, tokenizer, engine_spe
 
 def cores(engine) -> str:
     """Where a CPU engine's workers run, if it has more than one."""
-    from bwprune.vllm.cores import binding
+    from bwprune.vllm.running.cores import binding
 
     size = engine.settings.tensor_parallel_size
     if size == 1 or engine.device.type != "cpu":

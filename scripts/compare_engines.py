@@ -7,14 +7,14 @@ Generates the selected problems once with the HF loop, runs those tokens through
 (teacher forcing) and prints one JSON line (one per batch size: `'batch_size=[1,8]'` runs
 each on the same engine): forwards, decisions (kept sets, keep-mask entries),
 how many differ and how many of those are not near-ties, the logits' largest |Δ| and KL
-(`bwprune.vllm.compare`; docs/vllm.md, "Equal to the HF host").
+(`bwprune.vllm.running.compare`; docs/vllm.md, "Equal to the HF host").
 """
 
 import json
 import sys
 from pathlib import Path
 
-from bwprune.vllm.compare import main
+from bwprune.vllm.running.compare import main
 
 if __name__ == "__main__":
     conf = Path(__file__).resolve().parent.parent / "conf"

@@ -132,19 +132,19 @@ def fixed_repeats(args, repeats: int) -> Precision:
 
 
 def vllm_rows(args, model, tokenizer, adapter, methods: dict, compiled: bool, log) -> list[dict]:
-    """`methods` in vLLM on this random model against dense in our loop (`bwprune.vllm.speed`),
-    in vLLM's eager or compiled engine (on CUDA: CUDA graphs, captured around the methods'
-    FFN op, `bwprune.vllm.ffn_route`). On CUDA vLLM draws its own random weights of the same
-    shape (a dummy load: no 15 GB written); on CPU it loads these (it packs a dummy load's
-    weights for oneDNN before the plugin can keep them for slicing)."""
+    """`methods` in vLLM on this random model against dense in our loop
+    (`bwprune.vllm.running.speed`), in vLLM's eager or compiled engine (on CUDA: CUDA graphs,
+    captured around the methods' FFN op, `bwprune.vllm.binding.ffn_route`). On CUDA vLLM draws its
+    own random weights of the same shape (a dummy load: no 15 GB written); on CPU it loads these (it
+    packs a dummy load's weights for oneDNN before the plugin can keep them for slicing)."""
     import tempfile
 
     from bwprune.engine.ledger import SparsityLedger
     from bwprune.generation.prepared import PreparedModel
     from bwprune.generation.runner import BatchedRunner, SamplingConfig
-    from bwprune.vllm.plugin import register
-    from bwprune.vllm.runner import VLLMRunner, VLLMSettings
-    from bwprune.vllm.speed import measure_vllm
+    from bwprune.vllm.binding.plugin import register
+    from bwprune.vllm.running.runner import VLLMRunner, VLLMSettings
+    from bwprune.vllm.running.speed import measure_vllm
 
     register()  # no project install here: the entry point is not there to do it
     folder = Path(tempfile.mkdtemp())

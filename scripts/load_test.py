@@ -1,5 +1,5 @@
 """`make load-sweep [ARGS=overrides]`: load tests of served methods at several request rates
-(conf/serve.yaml; bwprune/vllm/load.py), one fresh server each, a record each under
+(conf/serve.yaml; bwprune/vllm/serving/load.py), one fresh server each, a record each under
 results/serve/; `make tables` and `make figures` then give the latency-throughput view.
 
     python scripts/load_test.py                                  # serve.methods x serve.rates
@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from bwprune.config import compose_config
-from bwprune.vllm.load import load_test
-from bwprune.vllm.server import run_until_signal
+from bwprune.vllm.serving.load import load_test
+from bwprune.vllm.serving.server import run_until_signal
 
 ROOT = Path(__file__).resolve().parent.parent
 

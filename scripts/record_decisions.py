@@ -49,7 +49,7 @@ def record(out: Path, overrides: list[str]) -> None:
     ids, attn = hf.encode(prompts)
     runner = hf
     if cfg.generation.backend == "vllm":
-        from bwprune.vllm.runner import VLLMRunner
+        from bwprune.vllm.running.runner import VLLMRunner
 
         runner = VLLMRunner.for_run(cfg, prepared, hf, ids.shape[1])
     completions, _ = runner.generate_tokens(ids, attn)

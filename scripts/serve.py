@@ -1,14 +1,14 @@
 """`make serve METHOD=ours [ARGS=overrides]`: vLLM's OpenAI-compatible server with the method
-inside (conf/serve.yaml; bwprune/vllm/serve.py), until Ctrl-C, SIGTERM or SIGHUP.
+inside (conf/serve.yaml; bwprune/vllm/serving/serve.py), until Ctrl-C, SIGTERM or SIGHUP.
 
     python scripts/serve.py method=ours sparsity=0.5 batch_size=16
     curl http://127.0.0.1:8765/v1/completions -H 'Content-Type: application/json' \
         -d '{"model": "bwprune", "prompt": "2+2=", "max_tokens": 8, "temperature": 0}'
 
 Each request's realized sparsity is appended to <folder>/ledger.jsonl as it finishes. The server
-stops with this process, however it ends (kill -9 too: bwprune/vllm/tether.py). Another machine
-may reach it only with a key: serve.host=0.0.0.0 and VLLM_API_KEY (or serve.api_key) set, and
-requests send `Authorization: Bearer <key>`.
+stops with this process, however it ends (kill -9 too: bwprune/vllm/serving/tether.py). Another
+machine may reach it only with a key: serve.host=0.0.0.0 and VLLM_API_KEY (or serve.api_key) set,
+and requests send `Authorization: Bearer <key>`.
 """
 
 import sys
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bwprune.config import compose_config
 from bwprune.errors import UserError
-from bwprune.vllm.server import ServeSettings, refuse_taken, run_until_signal
+from bwprune.vllm.serving.server import ServeSettings, refuse_taken, run_until_signal
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def main(overrides: list[str]) -> None:
     cfg = compose_config(ROOT / "conf", overrides, name="serve")
     refuse_taken(ServeSettings.from_config(cfg))  # in a second, before torch and the preparation
-    from bwprune.vllm.serve import SERVED_NAME, export_served, running_server, served_folder
+    from bwprune.vllm.serving.serve import SERVED_NAME, export_served, running_server, served_folder
 
     folder = served_folder(cfg)
     prepared = export_served(cfg, folder)

@@ -1,6 +1,6 @@
 """Served determinism (docs/serving.md): for each of serve.determinism.methods, a fresh server, the
 same greedy requests alone and under traffic, and how often each answer equals the first one alone
-(conf/serve.yaml; bwprune/vllm/determinism.py); records under results/serve/determinism/.
+(conf/serve.yaml; bwprune/vllm/serving/determinism.py); records under results/serve/determinism/.
 
     python scripts/served_determinism.py generation.max_new_tokens=32
     python scripts/served_determinism.py "serve.determinism.methods=['ours:method.t_init=2']" \
@@ -12,13 +12,13 @@ from pathlib import Path
 
 from bwprune.config import compose_config
 from bwprune.errors import UserError
-from bwprune.vllm.server import run_until_signal
+from bwprune.vllm.serving.server import run_until_signal
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(overrides: list[str]) -> None:
-    from bwprune.vllm.determinism import served_determinism
+    from bwprune.vllm.serving.determinism import served_determinism
 
     base = compose_config(ROOT / "conf", overrides, name="serve")
     names = [str(entry).partition(":")[0] for entry in base.serve.determinism.methods]

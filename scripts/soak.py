@@ -1,6 +1,6 @@
 """`make soak [METHOD=ours] [ARGS=overrides]`: one server at saturation for serve.soak.requests
-requests (conf/serve.yaml; bwprune/vllm/soak.py), watched per minute for drift in throughput,
-latency, the worker's memory and the ledger; a record under results/serve/soak/.
+requests (conf/serve.yaml; bwprune/vllm/serving/soak.py), watched per minute for drift in
+throughput, latency, the worker's memory and the ledger; a record under results/serve/soak/.
 
     python scripts/soak.py method=ours                               # 1000 requests
     python scripts/soak.py method=ours serve.kv_cache_gib=0.06 generation.vllm.max_model_len=1024
@@ -11,14 +11,14 @@ import sys
 from pathlib import Path
 
 from bwprune.config import compose_config
-from bwprune.vllm.server import run_until_signal
+from bwprune.vllm.serving.server import run_until_signal
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(overrides: list[str]) -> None:
     cfg = compose_config(ROOT / "conf", overrides, name="serve")
-    from bwprune.vllm.soak import soak
+    from bwprune.vllm.serving.soak import soak
 
     record = soak(cfg)
     print(f"{record['key']}: {record['requests']} requests in {record['duration_s']:.0f} s, "

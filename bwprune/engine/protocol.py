@@ -4,7 +4,7 @@ Generation (the runner, the stream), perplexity, lm-eval scoring, fidelity, spee
 run their forwards through a `MethodDriver`, so a method sees one protocol everywhere and realized
 sparsity has one definition (`bwprune.engine.ledger`). The driver owns the method's whole life:
 it calls `prepare` (with the model's shape), attaches its host's glue (the HF host,
-`bwprune.methods.hf_host`, by default; vLLM's, `bwprune.vllm.host`) for as long as forwards
+`bwprune.methods.hf_host`, by default; vLLM's, `bwprune.vllm.binding.host`) for as long as forwards
 run, turns the loop's row changes into the method's lifecycle events, builds every
 `StepContext`, calls the hooks in order around each forward and records measured forwards.
 

@@ -7,7 +7,7 @@ hand the tokens that count to the method, turn kept neuron sets into real smalle
 what a keep mask drops. A subclass names the engine's side only — where the FFNs and the
 thresholded hidden states are (`ffns`, `site`), how a forward's tensors map onto the method's
 flat tokens (`tokens`, `flat`, `unflat`). Hosts: `bwprune.methods.hf_host` and
-`bwprune.vllm.host`. Every change goes through a `HookSet`, so detaching restores the model.
+`bwprune.vllm.binding.host`. Every change goes through a `HookSet`, so detaching restores the model.
 A family's glue is chosen by its base class; no method is named here.
 """
 

@@ -3,9 +3,9 @@
 vLLM shards the intermediate dimension: gate/up are column-parallel and down is row-parallel, so
 rank r of R holds neurons [r·D/R, (r+1)·D/R). Two ways to select (`TP_SELECT`): `global` keeps
 each rank's slice of the one unsharded top-k (the paper's set, exactly; vLLM's host gathers the
-activations so that every rank's method scores the whole layer, `bwprune.vllm.host`); `per_rank`
-keeps each shard's own top-(k/R), the choice ranks make alone, and can miss neurons that a
-crowded shard needed. Pure functions of tensors: a host wires them in; nothing here hooks a model
+activations so that every rank's method scores the whole layer, `bwprune.vllm.binding.host`);
+`per_rank` keeps each shard's own top-(k/R), the choice ranks make alone, and can miss neurons that
+a crowded shard needed. Pure functions of tensors: a host wires them in; nothing here hooks a model
 or reads a config.
 """
 

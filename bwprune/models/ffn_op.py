@@ -7,7 +7,7 @@ in, the same shape out) and call it at run time, and inside it the registered FF
 the kept set over its persistent buffers, or the dense MLP with the method's observers — at every
 forward. What `handle` names is registered here (`register`), held weakly, so a model that goes
 away takes its FFNs with it. Used by the HF loop's sliced MLP (`bwprune.models.sliced_mlp`) and by
-vLLM's routed MLPs (`bwprune.vllm.ffn_route`).
+vLLM's routed MLPs (`bwprune.vllm.binding.ffn_route`).
 
 The HF loop's compiled step, which guards on whether a kept set is in force, runs its dense steps
 as a graph of their own instead: gate, up and their product compiled as dense's are, and only the

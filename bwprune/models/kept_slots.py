@@ -6,13 +6,13 @@ how much), and the FFN's output does not depend on the order of its neurons, so 
 not re-gather the whole set: each neuron that entered is written into the slot of one that left,
 and every other slot stays as it is (LLM in a Flash's DRAM buffer, paper §3.3). `KeptSlots` is
 that bookkeeping alone — which neuron each slot holds — so every host and every weight layout
-(plain rows here, a kernel's packed panels in `bwprune.vllm.packed`) moves the same neurons.
+(plain rows here, a kernel's packed panels in `bwprune.vllm.binding.packed`) moves the same neurons.
 
 Capacity is the kept count rounded up to `align` (a kernel's panel width); a slot that holds no
 neuron holds zero weights and adds exactly nothing. A kept count of another capacity (a
 threshold method's, which moves with the batch) refills every slot, unless the slots only
 `grow`: then a set that fits keeps them, and only a larger one refills (a tensor-parallel rank's
-share of a global kept set moves with every refresh: `bwprune.vllm.host`).
+share of a global kept set moves with every refresh: `bwprune.vllm.binding.host`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Served methods under load: the load-test records (`bwprune.vllm.load`) as one frame, its table.
+"""Served methods under load: the load-test records (`bwprune.vllm.serving.load`) as one frame, its
+table.
 
 One row per record (a method served at one offered request rate): what the server achieved
 (requests and output tokens per second), latencies as the clients saw them (time to first token,
@@ -25,10 +26,10 @@ COLUMNS = {
     "ffn": "(a)", "params": "(c)",
 }  # fmt: skip
 NOTE = (
-    "Each row: one load test (bwprune/vllm/load.py): the benchmark's first n problems' prompts "
-    "sent to vLLM's OpenAI server with the method inside, Poisson arrivals at the offered rate "
-    "(vllm bench serve), greedy, a fresh server per test, batch = the server's seats. req/s and "
-    "tok/s: achieved (completed requests, output tokens per second of the test); TTFT: time to "
+    "Each row: one load test (bwprune/vllm/serving/load.py): the benchmark's first n problems' "
+    "prompts sent to vLLM's OpenAI server with the method inside, Poisson arrivals at the offered "
+    "rate (vllm bench serve), greedy, a fresh server per test, batch = the server's seats. req/s "
+    "and tok/s: achieved (completed requests, output tokens per second of the test); TTFT: time to "
     "first token; TPOT: time per output token after the first; E2E: request latency. agree = "
     "answers equal to dense's at the same offered rate, over the problems where either gave one; "
     "dense NLL/tok = the dense model's per-token NLL of the method's completions, teacher-forced "

@@ -37,7 +37,7 @@ class Engine:
         """`method`: the one the engine is built for (the default decides per forward: no
         prefix caching); others are bound to it per generation (`run_vllm`). `engine`: more
         overrides for how vLLM runs (`generation.vllm.compile=true`)."""
-        from bwprune.vllm.runner import VLLMRunner
+        from bwprune.vllm.running.runner import VLLMRunner
 
         self.overrides = [f"model={family}", *WIDE, *calibration,
                           f"generation.max_new_tokens={STEPS}", "batch_size=4"]  # fmt: skip
@@ -198,13 +198,13 @@ def test_a_static_batch_in_vllm_is_the_hf_hosts(engine, name):
 
 @pytest.mark.parametrize("name", METHODS)
 def test_teacher_forced_engines_decide_alike(engine, name):
-    """scripts/compare_engines.py's comparison (`bwprune.vllm.compare`): the HF completions
+    """scripts/compare_engines.py's comparison (`bwprune.vllm.running.compare`): the HF completions
     forced through both engines, every kept set and keep-mask entry, ledger and logit compared
     forward by forward. The engines multiply through different kernels, so a threshold's
     decision may flip where a score sits within their float disagreement of it (a near-tie: one
     of 27,136 CATS decisions on one of this project's CPUs, none on another); nothing else may
     differ, and where nothing flipped the logits agree to rounding."""
-    from bwprune.vllm.compare import compare_batch
+    from bwprune.vllm.running.compare import compare_batch
 
     method = engine.method(name)
     engine.stop_mid_way(method)
@@ -264,8 +264,8 @@ def test_static_pruning_runs_its_pruned_weights(calibration):
 @pytest.mark.parametrize("family", ["tiny_llama", "tiny_qwen2"])
 def test_trisp_runs_its_smaller_model_layer_by_layer(calibration, family):
     """TriSP leaves layers of their own widths (KV groups, neurons, compensation biases): vLLM
-    builds each layer at its widths (`bwprune.vllm.widths`), generates the HF host's tokens and
-    reports the same removed parameters. Each layer's KV cache is as wide as its KV heads, all
+    builds each layer at its widths (`bwprune.vllm.binding.widths`), generates the HF host's tokens
+    and reports the same removed parameters. Each layer's KV cache is as wide as its KV heads, all
     in one group (vLLM's `UniformTypeKVCacheSpecs`): nothing padded."""
     engine = Engine(family, calibration, method="trisp")
     method = engine.prepared.method
@@ -286,7 +286,7 @@ def test_a_method_masking_outside_the_ffn_stays_eager(engine):
     """Compiled vLLM would freeze TEAL's masks of attention inputs and outputs at warm-up
     (silently dense while the ledger counts sparse steps): the host refuses it, and a run that
     asks to compile it runs eager instead."""
-    from bwprune.vllm.host import VLLMHost, compilable
+    from bwprune.vllm.binding.host import VLLMHost, compilable
 
     teal = engine.method("teal")
     assert not compilable(teal)
@@ -302,8 +302,8 @@ def compiled(calibration) -> Engine:
 
 @pytest.mark.parametrize("name", ["ours", "griffin", "cats"])
 def test_compiled_vllm_keeps_the_methods_decisions(compiled, calibration, name):
-    """The FFN is an opaque op of the compiled decoder (`bwprune.vllm.ffn_route`): a kept set
-    chosen after warm-up, an observed exploration window, CATS's gate masks — each forward runs
+    """The FFN is an opaque op of the compiled decoder (`bwprune.vllm.binding.ffn_route`): a kept
+    set chosen after warm-up, an observed exploration window, CATS's gate masks — each forward runs
     them as the eager engine does, so the tokens, decisions and ledger are the HF host's."""
     assert compiled.vllm.compiled
     method = compiled.method(name)

@@ -1,5 +1,6 @@
 """Both engines on the real model (SmolLM2-135M): every method's decisions under teacher forcing
-(`bwprune.vllm.compare`, scripts/compare_engines.py; docs/vllm.md, "Equal to the HF host")."""
+(`bwprune.vllm.running.compare`, scripts/compare_engines.py; docs/vllm.md, "Equal to the HF
+host")."""
 
 import pytest
 import torch
@@ -28,8 +29,8 @@ def test_no_method_decides_differently_in_vllm_but_at_near_ties():
     (the tool measures no margin for kept sets: a top-k near-tie would fail this test). Wanda
     decides nothing at run time (zero decisions, its logits compared by
     scripts/compare_engines.py); its weights would need an engine of their own."""
-    from bwprune.vllm.compare import compare_batch
-    from bwprune.vllm.runner import VLLMRunner
+    from bwprune.vllm.running.compare import compare_batch
+    from bwprune.vllm.running.runner import VLLMRunner
 
     cfg = compose_cfg([*COMMON, "method=ours"])
     model, tok = load_model(cfg.model, cfg.paths.cache_dir)

@@ -1,7 +1,8 @@
-"""The server lives and dies with its launcher (bwprune/vllm/server.py, bwprune/vllm/tether.py):
-SIGINT, SIGTERM and SIGHUP to the launcher's process group (what Ctrl-C, a job scheduler and a
-closed terminal send) stop the server with one SIGTERM and wait for it, kill -9 of the launcher
-stops it too, and nothing is left on the port; a taken port refuses scripts/serve.py in one line.
+"""The server lives and dies with its launcher (bwprune/vllm/serving/server.py,
+bwprune/vllm/serving/tether.py): SIGINT, SIGTERM and SIGHUP to the launcher's process group (what
+Ctrl-C, a job scheduler and a closed terminal send) stop the server with one SIGTERM and wait for
+it, kill -9 of the launcher stops it too, and nothing is left on the port; a taken port refuses
+scripts/serve.py in one line.
 
 The server is a stand-in (tests/system/standin_server.py) launched as scripts/serve.py launches
 vLLM's (`stopped_by_signals` around `launched`): vLLM takes half a minute to start. vLLM's own
@@ -29,7 +30,7 @@ NAME = "bwprune-0123abcd"  # the launch's own served name
 LAUNCHER = f"""
 import sys
 from pathlib import Path
-from bwprune.vllm.server import ServeSettings, launched, stopped_by_signals
+from bwprune.vllm.serving.server import ServeSettings, launched, stopped_by_signals
 port, stopped, log = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 settings = ServeSettings("127.0.0.1", port, startup_s=60, drain_s=1, stop_s=20,
                          kv_cache_gib=1)

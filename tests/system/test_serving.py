@@ -15,7 +15,7 @@ import pytest
 from bwprune.report import figures
 from bwprune.report.serving import load_records
 from bwprune.report.tables import serving_table
-from bwprune.vllm.server import ServeSettings, refuse_taken
+from bwprune.vllm.serving.server import ServeSettings, refuse_taken
 from tests.conftest import CONF_DIR, small_calibration
 
 pytestmark = pytest.mark.slow
@@ -30,12 +30,12 @@ def free_port() -> int:
 
 def test_a_load_test_against_a_served_method(tmp_path, monkeypatch):
     """Also the server's life: it asks for its API key (the load generator sends it), and on the
-    launcher's SIGTERM (`bwprune.vllm.server.stop`, and the tether's when a launcher is killed)
-    vLLM stops cleanly: the last request, still seated, gets its ledger line as it stops."""
+    launcher's SIGTERM (`bwprune.vllm.serving.server.stop`, and the tether's when a launcher is
+    killed) vLLM stops cleanly: the last request, still seated, gets its ledger line as it stops."""
     from hydra import compose, initialize_config_dir
 
-    from bwprune.vllm import load
-    from bwprune.vllm.load import load_test
+    from bwprune.vllm.serving import load
+    from bwprune.vllm.serving.load import load_test
 
     key, port = secrets.token_hex(8), free_port()
     overrides = [

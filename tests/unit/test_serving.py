@@ -13,8 +13,8 @@ import pytest
 
 from bwprune.errors import UserError
 from bwprune.report.serving import load_records, serving_frame
-from bwprune.vllm.load import load_metrics, record_key, request_rows
-from bwprune.vllm.server import ServeSettings, answers_as, refuse_taken, wait_ready
+from bwprune.vllm.serving.load import load_metrics, record_key, request_rows
+from bwprune.vllm.serving.server import ServeSettings, answers_as, refuse_taken, wait_ready
 from tests.conftest import compose_cfg
 from tests.system.standin_server import impostor
 
@@ -59,7 +59,7 @@ def test_a_server_compiles_what_keeps_its_decisions_in_the_ffn(tmp_path, name, c
     """Ours, Griffin and CATS decide inside the FFN's op and are served compiled like dense;
     TEAL masks attention's inputs and runs eager; prefix caching only for a fixed model."""
     from bwprune.config import build_method
-    from bwprune.vllm.serve import server_command
+    from bwprune.vllm.serving.serve import server_command
 
     cfg = serve_cfg(f"method={name}", f"generation.vllm.compile={compile_}")
     (tmp_path / "config.json").write_text(json.dumps(
@@ -186,7 +186,7 @@ def test_agreement_is_with_dense_at_the_same_rate(tmp_path):
 
 
 def test_a_soak_is_read_per_minute_and_judged():
-    from bwprune.vllm.soak import minutes, verdict
+    from bwprune.vllm.serving.soak import minutes, verdict
 
     results = [{"start_s": t - 2.0, "end_s": t, "tokens": 30, "error": None}
                for t in np.arange(3.0, 200.0, 1.0)]  # fmt: skip
@@ -212,7 +212,7 @@ def test_a_soak_is_read_per_minute_and_judged():
 
 
 def test_every_method_soak_shares_one_control_of_vllm_alone():
-    from bwprune.vllm.soak import ALONE, control_key, soak_key
+    from bwprune.vllm.serving.soak import ALONE, control_key, soak_key
 
     ours, dense = serve_cfg("method=ours"), serve_cfg("method=dense")
     assert control_key(ours) == control_key(dense) != soak_key(dense)
@@ -222,7 +222,7 @@ def test_every_method_soak_shares_one_control_of_vllm_alone():
 
 
 def test_served_determinism_compares_with_the_first_answer_alone():
-    from bwprune.vllm.determinism import same
+    from bwprune.vllm.serving.determinism import same
 
     alone = [["4", "4", "5"], ["7", "7", "7"]]
     assert same(alone, alone, skip_first=True) == pytest.approx(3 / 4)

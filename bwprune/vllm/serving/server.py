@@ -1,5 +1,5 @@
-"""vLLM's API server as a child of this process (`bwprune.vllm.serve.running_server`): where it
-listens and with which key (`ServeSettings`), started tied to this process and counted ready
+"""vLLM's API server as a child of this process (`bwprune.vllm.serving.serve.running_server`): where
+it listens and with which key (`ServeSettings`), started tied to this process and counted ready
 only when it answers as itself (`launched`), stopped on every way out, signals included
 (`stopped_by_signals`).
 
@@ -7,7 +7,7 @@ Why: a job scheduler stops a job with SIGTERM (SLURM, systemd, `docker stop`, `t
 Python's default answers by ending at once, and vLLM's server was left running on the port; the
 next launch then took that server's /health for its own, and every request went to it. Now a
 taken port refuses the launch, readiness asks for a served-model name drawn for this launch alone,
-and the server dies with its launcher however the launcher ends (`bwprune.vllm.tether`).
+and the server dies with its launcher however the launcher ends (`bwprune.vllm.serving.tether`).
 """
 
 from __future__ import annotations
@@ -113,12 +113,12 @@ def launched(command: list[str], settings: ServeSettings, name: str, log_path: P
     itself for as long as the block runs (`wait_ready`); its output goes to `log_path`, `env` and
     the API key into its environment (not its command line, which `ps` shows to every user).
 
-    It runs tied to this process (`bwprune.vllm.tether`) in a process group of its own: a signal
-    meant for this process (a terminal's Ctrl-C or hang-up reaches its whole foreground group)
-    reaches the server only as `stop`'s one SIGTERM, and `stop` can end the whole group."""
+    It runs tied to this process (`bwprune.vllm.serving.tether`) in a process group of its own: a
+    signal meant for this process (a terminal's Ctrl-C or hang-up reaches its whole foreground
+    group) reaches the server only as `stop`'s one SIGTERM, and `stop` can end the whole group."""
     refuse_taken(settings)
     env = {**os.environ, **env, **({"VLLM_API_KEY": settings.api_key} if settings.api_key else {})}
-    tethered = [sys.executable, "-m", "bwprune.vllm.tether", str(os.getpid()), *command]
+    tethered = [sys.executable, "-m", "bwprune.vllm.serving.tether", str(os.getpid()), *command]
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(tethered, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)  # fmt: skip
@@ -158,8 +158,8 @@ def answers_as(settings: ServeSettings, name: str) -> bool:
 
 def stop(proc: subprocess.Popen, stop_s: float) -> None:
     """SIGTERM, on which vLLM's API server stops cleanly: requests in flight may finish for
-    `serve.drain_s` (`bwprune.vllm.serve.server_command`), then its engine and worker shut down
-    and the requests still seated leave, their ledger lines written. The worker, a grandchild,
+    `serve.drain_s` (`bwprune.vllm.serving.serve.server_command`), then its engine and worker shut
+    down and the requests still seated leave, their ledger lines written. The worker, a grandchild,
     may finish after the API server has exited, so the whole process group is waited for;
     whatever of it still runs after `stop_s` is killed, so that nothing of the server outlives
     this."""

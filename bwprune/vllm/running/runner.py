@@ -6,7 +6,7 @@ resume, shards, tables and W&B treat a vLLM run like any other. vLLM's engine ru
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): its scheduler then takes every request of a batch before
 its first step — the static batch the method's protocol and the HF host's equality need. The
 method, prepared on the HF model, is installed in vLLM's workers and bound to their forwards
-through `bwprune.vllm.ranks`: one worker in this process, or one per tensor-parallel rank
+through `bwprune.vllm.running.ranks`: one worker in this process, or one per tensor-parallel rank
 (`generation.vllm.tensor_parallel_size`), each a process of its own.
 Prompts go in as token ids and completions come back as ids, decoded by the run's tokenizer, so
 both backends see and score the same text.
@@ -14,9 +14,9 @@ both backends see and score the same text.
 What each method does here (docs/vllm.md): a method that decides inside forwards runs without
 prefix caching (a cached prompt is never recomputed, so its activations would never be scored,
 and KV computed under one request's pruned FFN could be reused by another), compiled when asked
-if its glue lives inside the FFN's opaque op (`bwprune.vllm.ffn_route`; kept sets, FFN-internal
-masks), else with `enforce_eager` (vLLM's compiled model would freeze its decisions at warm-up);
-a static method's pruned weights are exported and loaded; a method whose pruned model vLLM
+if its glue lives inside the FFN's opaque op (`bwprune.vllm.binding.ffn_route`; kept sets,
+FFN-internal masks), else with `enforce_eager` (vLLM's compiled model would freeze its decisions at
+warm-up); a static method's pruned weights are exported and loaded; a method whose pruned model vLLM
 cannot load is refused.
 """
 
@@ -52,14 +52,14 @@ from bwprune.methods.base import PruningMethod
 from bwprune.methods.host import decides_per_forward
 from bwprune.models.loading import load_model
 from bwprune.runs.speedup import timed_ratios
-from bwprune.vllm import ranks
-from bwprune.vllm.cores import workers_bound
-from bwprune.vllm.ffn_route import SPLITTING_OP
-from bwprune.vllm.host import compilable, refuse_tensor_parallel
-from bwprune.vllm.padding import Heads, pad_heads, padding
-from bwprune.vllm.ray_cpu import ray_for_cpu_workers
+from bwprune.vllm.binding.ffn_route import SPLITTING_OP
+from bwprune.vllm.binding.host import compilable, refuse_tensor_parallel
+from bwprune.vllm.binding.padding import Heads, pad_heads, padding
+from bwprune.vllm.running import ranks
+from bwprune.vllm.running.cores import workers_bound
+from bwprune.vllm.running.ray_cpu import ray_for_cpu_workers
 
-UNMIXED = "bwprune.vllm.scheduler.UnmixedScheduler"  # imported by vLLM, never before it
+UNMIXED = "bwprune.vllm.binding.scheduler.UnmixedScheduler"  # imported by vLLM, never before it
 
 log = logging.getLogger(__name__)
 COMPILE = ("auto", "true", "false")
@@ -94,7 +94,7 @@ class VLLMSettings:
 
 @dataclass(frozen=True)
 class EngineMethod:
-    """A method installed in every worker of an engine (`bwprune.vllm.ranks`) under `key`.
+    """A method installed in every worker of an engine (`bwprune.vllm.running.ranks`) under `key`.
     `local`: its driver, when vLLM's one worker runs in this process (None under tensor
     parallelism: the drivers live in the workers' processes)."""
 
@@ -118,9 +118,9 @@ def compilation_config(compiled: bool, glued: bool, device: torch.device) -> dic
 
 
 def plugin_architecture(model: torch.nn.Module) -> str:
-    """The plugin class vLLM builds `model` with (`bwprune.vllm.plugin.architecture`)."""
-    from bwprune.vllm.plugin import architecture
-    from bwprune.vllm.widths import STRUCTURE_KEY
+    """The plugin class vLLM builds `model` with (`bwprune.vllm.binding.plugin.architecture`)."""
+    from bwprune.vllm.binding.plugin import architecture
+    from bwprune.vllm.binding.widths import STRUCTURE_KEY
 
     return architecture(type(model).__name__, hasattr(model.config, STRUCTURE_KEY))
 
@@ -129,7 +129,7 @@ def export_model(model: torch.nn.Module, folder: Path, size: int = 1) -> Path:
     """The model's config and weights as an HF folder vLLM loads (no tokenizer: ids in, ids out);
     a model with layers of widths of their own keeps them in its config (TriSP's). With heads
     that vLLM cannot split over `size` workers, they are padded with zero heads until it can
-    (`bwprune.vllm.padding`)."""
+    (`bwprune.vllm.binding.padding`)."""
     plugin_architecture(model)
     if not (folder / "config.json").exists():
         partial_dir = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".part"))
@@ -204,7 +204,7 @@ class VLLMRunner:
                 distributed_executor_backend=settings.executor if size > 1 else None,
                 enable_prefix_caching=prefix_caching and not glued,
                 max_num_seqs=slots, max_model_len=settings.max_model_len, load_format=load_format,
-                # prompts run whole, in forwards of their own (`bwprune.vllm.scheduler`)
+                # prompts run whole, in forwards of their own (`bwprune.vllm.binding.scheduler`)
                 scheduler_cls=UNMIXED, enable_chunked_prefill=False,
                 max_num_batched_tokens=max(2048, slots * prompt_tokens, longest),
                 kv_cache_memory_bytes=int(settings.kv_cache_gib * 2**30),

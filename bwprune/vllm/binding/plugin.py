@@ -6,14 +6,14 @@ are vLLM's own Llama and Qwen2 models with two additions:
 
 - after loading, each layer's MLP weights are kept by reference: vLLM's CPU build repacks linear
   weights for oneDNN and empties `.weight`, and a kept neuron set needs rows of the original
-  (`bwprune.vllm.host.SlicedMLP` gathers from them);
-- every forward goes through `bwprune_session` when one is bound (`bwprune.vllm.session`): it
-  reads which requests and tokens the forward runs, and drives the method around it;
-- each layer's MLP runs through its route (`bwprune.vllm.ffn_route`), an opaque op while vLLM
-  compiles, so a host can change what it computes after the decoder was compiled.
+  (`bwprune.vllm.binding.host.SlicedMLP` gathers from them);
+- every forward goes through `bwprune_session` when one is bound (`bwprune.vllm.binding.session`):
+  it reads which requests and tokens the forward runs, and drives the method around it;
+- each layer's MLP runs through its route (`bwprune.vllm.binding.ffn_route`), an opaque op while
+  vLLM compiles, so a host can change what it computes after the decoder was compiled.
 
 A model whose layers have widths of their own (TriSP's, its config recording them) is built by
-`BwpruneWidthsForCausalLM` (`bwprune.vllm.widths`), for both families; `architecture` picks.
+`BwpruneWidthsForCausalLM` (`bwprune.vllm.binding.widths`), for both families; `architecture` picks.
 
 With no session bound and no host attached a forward computes what vLLM's own does.
 """
@@ -28,14 +28,14 @@ from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 
 from bwprune.errors import UserError
-from bwprune.vllm.ffn_route import route
-from bwprune.vllm.widths import WidthsForCausalLM
+from bwprune.vllm.binding.ffn_route import route
+from bwprune.vllm.binding.widths import WidthsForCausalLM
 
 
 class _Hosted:
     """Mixin over a vLLM causal LM whose decoder layers have `mlp.gate_up_proj/down_proj`."""
 
-    bwprune_session = None  # bwprune.vllm.session.Session while a method runs
+    bwprune_session = None  # bwprune.vllm.binding.session.Session while a method runs
 
     def __init__(self, *, vllm_config, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
@@ -75,7 +75,7 @@ ARCHITECTURES = {arch: cls.__name__ for arch, cls in _HOSTED.items()}
 
 def architecture(hf_architecture: str, own_widths: bool) -> str:
     """The plugin class a run selects for a model of HF class `hf_architecture`; `own_widths`:
-    its config records per-layer widths (`bwprune.vllm.widths.STRUCTURE_KEY`)."""
+    its config records per-layer widths (`bwprune.vllm.binding.widths.STRUCTURE_KEY`)."""
     if hf_architecture not in ARCHITECTURES:
         raise UserError(f"vLLM host: model class {hf_architecture!r} has no plugin class; choose "
                         f"one of {sorted(ARCHITECTURES)}")  # fmt: skip

@@ -16,8 +16,8 @@ padding, no zero heads.
 Qwen2 is built the same way: vLLM's Qwen2 layer derives its head size from the head count (wrong
 once heads are removed), and its blocks are Llama's with q/k/v biases (`_QKV_BIAS`).
 
-What this does not do: run methods (`bwprune.vllm.plugin` adds that), prune, or check that the
-weights match the recorded widths (vLLM's loader refuses a mismatched shape).
+What this does not do: run methods (`bwprune.vllm.binding.plugin` adds that), prune, or check that
+the weights match the recorded widths (vLLM's loader refuses a mismatched shape).
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """The served vLLM's first step: its life tied to the process that started it.
 
-    python -m bwprune.vllm.tether <launcher pid> <command...>
+    python -m bwprune.vllm.serving.tether <launcher pid> <command...>
 
 asks Linux to send this process SIGTERM when its parent dies, by any means (`kill -9` included),
-then execs `command` (vLLM's API server, `bwprune.vllm.server.launched`) in its place. vLLM's API
-server stops on SIGTERM as on Ctrl-C: its engine and worker shut down and the requests still
-seated leave, their ledger lines written. So a launcher that is killed leaves no server behind.
+then execs `command` (vLLM's API server, `bwprune.vllm.serving.server.launched`) in its place.
+vLLM's API server stops on SIGTERM as on Ctrl-C: its engine and worker shut down and the requests
+still seated leave, their ledger lines written. So a launcher that is killed leaves no server
+behind.
 
 Why PR_SET_PDEATHSIG, and why here: the kernel delivers it whatever ends the parent, at once, and
 it survives exec (it is cleared only for set-user-ID binaries, which Python is not). A watchdog

@@ -15,7 +15,7 @@ A differing mask entry is a near-tie when both engines' scores lie within the en
 disagreement of the threshold, that disagreement measured as the largest |Δ| between the two
 engines' scores at that site (layer, hidden state) in that forward. A kept set has no margin
 here: every differing one counts as not a near-tie. This module runs no engine of its own
-(`bwprune.generation.runner`, `bwprune.vllm.runner`) and scores nothing.
+(`bwprune.generation.runner`, `bwprune.vllm.running.runner`) and scores nothing.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from bwprune.methods.base import Phase, Tokens
 from bwprune.methods.neuron_set import NeuronSetMethod
 from bwprune.methods.thresholds import ThresholdMethod
 from bwprune.models.loading import load_model
-from bwprune.vllm.runner import EngineMethod, VLLMRunner
+from bwprune.vllm.running.runner import EngineMethod, VLLMRunner
 
 SHARED = -1  # the key of a decode step's one batch-shared mask row
 

@@ -1,7 +1,7 @@
 """Per forward: which requests vLLM runs, which of their tokens are prompt or decode, and the
 method's lifecycle driven from that.
 
-The plugin's model hands every forward to the bound `Session` (`bwprune.vllm.plugin`). The
+The plugin's model hands every forward to the bound `Session` (`bwprune.vllm.binding.plugin`). The
 session reads the model runner's input batch — request ids, each request's scheduled tokens,
 tokens computed before, prompt length — and decides per token: a token is a decode token when its
 position is at or past its request's prompt (a one-token prompt chunk is still prompt). Then it
@@ -19,7 +19,7 @@ continuous-batching protocol of the HF stream (`StreamSession`, `bwprune.generat
 `max_num_seqs` slots, a finished request leaves its slot (`leave`), arriving requests take free
 slots with their prompts' forward (`enter`), decode forwards run the occupied slots. Its forwards
 must each be all prompts or all decode steps, which vLLM's own scheduler does not promise (it
-mixes them, and chunks long prompts): `bwprune.vllm.scheduler.UnmixedScheduler` does.
+mixes them, and chunks long prompts): `bwprune.vllm.binding.scheduler.UnmixedScheduler` does.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from bwprune.errors import UserError
 from bwprune.generation.runner import BatchTiming
 from bwprune.generation.stream import Laps
 from bwprune.generation.timing import StepTimer
-from bwprune.vllm.host import VLLMHost
+from bwprune.vllm.binding.host import VLLMHost
 
 T = TypeVar("T")
 PREEMPTED_ROOM = 2  # a stream's slots per vLLM seat (`StreamSession`)
@@ -72,7 +72,7 @@ class ForwardBatch:
     def prompts(self) -> bool:
         """Every request runs the rest of its prompt, nothing else: all of it, or what follows
         a cached prefix (prefix caching is on only for methods that do not decide per forward,
-        `bwprune.vllm.runner`, so a method that reads prompts always sees them whole)."""
+        `bwprune.vllm.running.runner`, so a method that reads prompts always sees them whole)."""
         return all(c < p and c + self.scheduled(i) == p
                    for i, (c, p) in enumerate(zip(self.computed, self.prompt)))  # fmt: skip
 
@@ -219,7 +219,7 @@ class StreamSession:
         raise UserError(
             "a stream in vLLM needs forwards that are all prompts or all decode steps "
             "(vLLM's scheduler mixes them: run it with scheduler_cls="
-            f"bwprune.vllm.scheduler.UnmixedScheduler); this forward: {batch.describe()}"
+            f"bwprune.vllm.binding.scheduler.UnmixedScheduler); this forward: {batch.describe()}"
         )
 
     def take(self) -> BatchTiming:

@@ -3,10 +3,10 @@
 vLLM's scheduler fills each forward's token budget with decode tokens and prompt chunks together.
 A method of this project decides per forward, for the batch: a prompt forward is observed apart
 and runs dense, a decode forward runs the kept set in force (`bwprune.engine.protocol`), so a
-stream in vLLM (`bwprune.vllm.session.StreamSession`) needs the two kinds apart. This scheduler
-gives a forward to arriving prompts first, whole (chunked prefill off), while the running requests
-wait that one step: the prefill-first policy of vLLM's V0 engine, and what the HF stream does
-(`bwprune.generation.stream`). So a stream has the same forwards in both engines.
+stream in vLLM (`bwprune.vllm.binding.session.StreamSession`) needs the two kinds apart. This
+scheduler gives a forward to arriving prompts first, whole (chunked prefill off), while the running
+requests wait that one step: the prefill-first policy of vLLM's V0 engine, and what the HF stream
+does (`bwprune.generation.stream`). So a stream has the same forwards in both engines.
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ from bwprune.engine.stopping import stop_token_ids
 from bwprune.errors import UserError
 from bwprune.generation.prompts import batch_prompts
 from bwprune.runs.identity import method_name
-from bwprune.vllm.serve import SERVED_NAME, export_served, running_server, served_folder
-from bwprune.vllm.server import ServeSettings, refuse_taken
+from bwprune.vllm.serving.serve import SERVED_NAME, export_served, running_server, served_folder
+from bwprune.vllm.serving.server import ServeSettings, refuse_taken
 
 
 def served_determinism(cfg: DictConfig) -> dict:

@@ -2,10 +2,10 @@
 
 A method decides inside the forwards of vLLM's model, so its state lives in the worker that runs
 them: with tensor parallelism, one worker per rank, each in a process of its own, each with its
-own copy of the method and its host (`bwprune.vllm.host`), all deciding the same kept sets. The
-runner (`bwprune.vllm.runner`) reaches them only through these functions, which vLLM calls in
-every worker (`LLM.collective_rpc`): the same calls at every size, run in this process when vLLM
-runs its one worker here. A function's first argument is the worker; what it returns comes back
+own copy of the method and its host (`bwprune.vllm.binding.host`), all deciding the same kept sets.
+The runner (`bwprune.vllm.running.runner`) reaches them only through these functions, which vLLM
+calls in every worker (`LLM.collective_rpc`): the same calls at every size, run in this process when
+vLLM runs its one worker here. A function's first argument is the worker; what it returns comes back
 from every rank, in rank order (pickled when the worker is another process).
 """
 
@@ -20,8 +20,8 @@ from bwprune.engine.ledger import SparsityLedger
 from bwprune.engine.protocol import MethodDriver
 from bwprune.generation.runner import BatchTiming
 from bwprune.methods.base import PruningMethod
-from bwprune.vllm.host import VLLMHost
-from bwprune.vllm.session import Session, StreamSession, bound
+from bwprune.vllm.binding.host import VLLMHost
+from bwprune.vllm.binding.session import Session, StreamSession, bound
 
 
 @dataclass

@@ -2,10 +2,10 @@
 
 vLLM compiles its decoder once, at warm-up, with no guards: Python inside the traced region —
 which MLP module a layer holds, whether a kept set is in force, a hook that observes — is frozen
-as it was then. So the plugin (`bwprune.vllm.plugin`) makes each layer's MLP call the custom op
-`bwprune::ffn(x, handle)` (`bwprune.models.ffn_op`) while it is traced. Dynamo and inductor see an
-op of fixed shape (tokens × hidden in, the same out) and call it as it is at run time; inside, the
-layer's `FFNRoute` runs whatever a host put there — the kept set over its persistent buffers, or
+as it was then. So the plugin (`bwprune.vllm.binding.plugin`) makes each layer's MLP call the custom
+op `bwprune::ffn(x, handle)` (`bwprune.models.ffn_op`) while it is traced. Dynamo and inductor see
+an op of fixed shape (tokens × hidden in, the same out) and call it as it is at run time; inside,
+the layer's `FFNRoute` runs whatever a host put there — the kept set over its persistent buffers, or
 the dense MLP with the method's observers and masks on its projections — eagerly, every forward.
 On a GPU the op is also one of vLLM's splitting ops (`SPLITTING_OP`), so piecewise CUDA graphs are
 captured around it, never through it. Run eager, the MLP calls its route directly (no op dispatch).

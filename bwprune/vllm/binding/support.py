@@ -6,13 +6,13 @@ from omegaconf import DictConfig
 
 from bwprune.errors import UserError, choices_error
 from bwprune.methods.sharded import TP_SELECT
-from bwprune.vllm.padding import Heads, padding
+from bwprune.vllm.binding.padding import Heads, padding
 
 
 def splits(config, size: int, model_class: str) -> bool:
     """Whether vLLM shards a model of this HF `config` and class over `size` workers: its FFN
     neurons divide by `size`, and its heads split (`Heads.split`) or are padded until they do
-    (`bwprune.vllm.padding`; Llama's family only)."""
+    (`bwprune.vllm.binding.padding`; Llama's family only)."""
     heads = Heads.of(config)
     return config.intermediate_size % size == 0 and (
         heads.split(size) or padding(config, model_class, size) is not None

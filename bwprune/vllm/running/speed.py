@@ -29,8 +29,8 @@ from bwprune.generation.speed import run_once, timed_rows
 from bwprune.generation.timing import Precision
 from bwprune.methods.base import PruningMethod
 from bwprune.models.kept_slots import KeptSlots
-from bwprune.vllm.packed import ALIGN, ISA, PackedKeptWeights, _ops
-from bwprune.vllm.runner import VLLMRunner
+from bwprune.vllm.binding.packed import ALIGN, ISA, PackedKeptWeights, _ops
+from bwprune.vllm.running.runner import VLLMRunner
 
 
 def measure_vllm(
@@ -92,8 +92,8 @@ def _vllm_once(engine: VLLMRunner, driver, ids, attn, new_tokens: int) -> dict:
 
 def measure_ffn_kernels(hidden: int, d_ff: int, kept: int, layers: int, batch_sizes: list[int],
                         repeats: int, seed: int = 0) -> list[dict]:  # fmt: skip
-    """The kernel choice for kept sets on this CPU (`bwprune.vllm.packed`): ms for `layers` FFNs
-    of random weights (distinct per layer, so the weights stream from memory as in a model),
+    """The kernel choice for kept sets on this CPU (`bwprune.vllm.binding.packed`): ms for `layers`
+    FFNs of random weights (distinct per layer, so the weights stream from memory as in a model),
     each computing `kept` of `d_ff` neurons three ways — vLLM's fused-MoE kernel on packed
     panels, oneDNN on freshly packed kept slices (what the host did before #43), plain
     `F.linear` on the slices — and oneDNN on the whole FFN; alternated, medians of `repeats`."""

@@ -4,8 +4,8 @@ The load comes from vLLM's own serving benchmark (`vllm bench serve`'s code, run
 against the server on the loopback address): the first `limit` problems' prompts, in order, each
 asking for up to `max_new_tokens` tokens, greedy, ending at the run's stop tokens, sent at
 `rate` requests per second with exponential gaps. A fresh server per test
-(`bwprune.vllm.serve.running_server`), so a method's memory starts empty and each record stands
-alone. Each test is one record, written under `serve.records_dir`:
+(`bwprune.vllm.serving.serve.running_server`), so a method's memory starts empty and each record
+stands alone. Each test is one record, written under `serve.records_dir`:
 
   config.yaml     the resolved config, first
   requests.jsonl  per request: the problem, the completion, its score, time to first token, time
@@ -48,8 +48,8 @@ from bwprune.models.loading import load_model
 from bwprune.runs.identity import identity, method_name
 from bwprune.runs.provenance import provenance
 from bwprune.scoring.common import prompt_opens_think
-from bwprune.vllm.serve import SERVED_NAME, export_served, running_server, served_folder
-from bwprune.vllm.server import ServeSettings, refuse_taken
+from bwprune.vllm.serving.serve import SERVED_NAME, export_served, running_server, served_folder
+from bwprune.vllm.serving.server import ServeSettings, refuse_taken
 
 log = logging.getLogger(__name__)
 PERCENTILES = (50, 99)

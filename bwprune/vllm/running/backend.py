@@ -2,7 +2,7 @@
 (`bwprune.generation.evaluate.Backend`); quality is still teacher-forced through the HF runner.
 
 Chosen where a run is composed (`bwprune.experiment`), so the generation package never imports
-this one: this package builds on it (`bwprune.vllm.runner`), not the other way round."""
+this one: this package builds on it (`bwprune.vllm.running.runner`), not the other way round."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from bwprune.generation.evaluate import BatchProgress, Finisher
 from bwprune.generation.prepared import PreparedModel
 from bwprune.generation.runner import BatchedRunner
-from bwprune.vllm.runner import VLLMPairedTiming, VLLMRunner, vllm_engines
+from bwprune.vllm.running.runner import VLLMPairedTiming, VLLMRunner, vllm_engines
 
 
 class VLLMBackend:

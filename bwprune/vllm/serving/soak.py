@@ -1,13 +1,13 @@
 """A soak test (`make soak`): one server at saturation for many requests, watched for drift.
 
-A fresh server (`bwprune.vllm.serve.running_server`) answers `serve.soak.requests` requests, the
-benchmark's first `limit` prompts over and over, greedy, each allowed `generation.max_new_tokens`
-tokens, from `serve.soak.clients` clients at once: more than the seats, so every forward is full
-and requests queue. Every `serve.soak.sample_s` the resident memory of each of the server's
-processes and the ledger's line count are read. Per minute of the run (`minutes`): requests
-finished, output tokens/s, end-to-end latency p50/p99, the worker's resident memory, the ledger's
-lines. What a soak must show (`verdict`): every request answered, one ledger line per request
-once the server has stopped, the worker's memory after the first minute grown by less than
+A fresh server (`bwprune.vllm.serving.serve.running_server`) answers `serve.soak.requests` requests,
+the benchmark's first `limit` prompts over and over, greedy, each allowed
+`generation.max_new_tokens` tokens, from `serve.soak.clients` clients at once: more than the seats,
+so every forward is full and requests queue. Every `serve.soak.sample_s` the resident memory of each
+of the server's processes and the ledger's line count are read. Per minute of the run (`minutes`):
+requests finished, output tokens/s, end-to-end latency p50/p99, the worker's resident memory, the
+ledger's lines. What a soak must show (`verdict`): every request answered, one ledger line per
+request once the server has stopped, the worker's memory after the first minute grown by less than
 `serve.soak.rss_growth_mib` beyond what vLLM alone grows under the same load, and latency without
 a trend; vLLM's preemptions are counted (a small `serve.kv_cache_gib` makes it preempt). The
 record, under `serve.soak.dir`: config.yaml, requests.jsonl, samples.jsonl, ledger.jsonl,
@@ -43,9 +43,9 @@ from bwprune.engine.stopping import stop_token_ids
 from bwprune.errors import UserError
 from bwprune.generation.prompts import batch_prompts
 from bwprune.runs.identity import identity, method_name
-from bwprune.vllm.load import without_key
-from bwprune.vllm.serve import SERVED_NAME, export_served, running_server, served_folder
-from bwprune.vllm.server import ServeSettings, refuse_taken
+from bwprune.vllm.serving.load import without_key
+from bwprune.vllm.serving.serve import SERVED_NAME, export_served, running_server, served_folder
+from bwprune.vllm.serving.server import ServeSettings, refuse_taken
 
 log = logging.getLogger(__name__)
 ROLES = {"Worker": "worker", "EngineCore": "engine", "api_server": "api"}  # in a process's cmdline

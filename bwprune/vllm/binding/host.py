@@ -2,9 +2,9 @@
 
 vLLM runs a forward over the flat tokens of its scheduled requests, `(N, D)`, in its input
 batch's order, which is not the method's slot order (a finished request's place is refilled by
-the last one). The session (`bwprune.vllm.session`) hands each forward's tokens to the driver
-as the HF loop would — a `(B, T)` mask in slot order — and gives this host the permutation from
-that order to vLLM's (`place`), so the method sees the same tokens in the same order in either
+the last one). The session (`bwprune.vllm.binding.session`) hands each forward's tokens to the
+driver as the HF loop would — a `(B, T)` mask in slot order — and gives this host the permutation
+from that order to vLLM's (`place`), so the method sees the same tokens in the same order in either
 engine. Kept sets run as `SlicedMLP`s over the weights the plugin kept; keep masks zero entries
 of vLLM's hidden states, which are sometimes tuples (fused add-norm) or fused (gate|up).
 
@@ -33,8 +33,8 @@ from bwprune.methods.host import FFNSlot, Host, Site, decides_per_forward
 from bwprune.methods.neuron_set import NeuronSetMethod
 from bwprune.methods.sharded import PerRank
 from bwprune.models.sliced_mlp import KeptFFN, KeptWeights, SlotWeights, neuron_rows
-from bwprune.vllm import packed
-from bwprune.vllm.support import refuse_split
+from bwprune.vllm.binding import packed
+from bwprune.vllm.binding.support import refuse_split
 
 
 def _first(value):
@@ -81,7 +81,7 @@ class Shard:
 class SlicedMLP(KeptFFN):
     """A vLLM gated MLP (gate_up_proj, act_fn, down_proj) computing only the neurons of an
     index, over slot weights changed in place: packed for vLLM's CPU MoE kernel where it runs
-    (`bwprune.vllm.packed`), plain matrices otherwise (a GPU: in-place index copies).
+    (`bwprune.vllm.binding.packed`), plain matrices otherwise (a GPU: in-place index copies).
 
     Sharded, the index is global and this rank computes its own neurons of it: a number that
     moves with every refresh, so its slots only grow (`KeptSlots`) and a refresh still writes
@@ -143,7 +143,7 @@ FFN_SITES = frozenset({"gate_act", "mlp_mid"})  # hidden states inside the FFN's
 def compilable(method: PruningMethod) -> bool:
     """Whether `method` runs right in a compiled vLLM: its glue (kept sets, observers on the
     down projection, masks of FFN-internal states) lives inside the FFN's opaque op
-    (`bwprune.vllm.ffn_route`), which runs eagerly at every forward."""
+    (`bwprune.vllm.binding.ffn_route`), which runs eagerly at every forward."""
     if not decides_per_forward(method) or isinstance(method, NeuronSetMethod):
         return True
     return set(method.sites) <= FFN_SITES
@@ -154,8 +154,8 @@ def refuse_tensor_parallel(method: PruningMethod, model: nn.Module, size: int, n
     run on `size` tensor-parallel workers: a keep mask of a shard would be the method's whole view
     of a layer (its ledger would count one shard); a model of per-layer widths (TriSP's) is split
     by no rule vLLM knows; vLLM splits FFN neurons only by sizes that divide them, and heads too
-    unless they can be padded (`bwprune.vllm.support.splits`)."""
-    from bwprune.vllm.widths import STRUCTURE_KEY
+    unless they can be padded (`bwprune.vllm.binding.support.splits`)."""
+    from bwprune.vllm.binding.widths import STRUCTURE_KEY
 
     if size == 1:
         return
@@ -170,7 +170,7 @@ def refuse_tensor_parallel(method: PruningMethod, model: nn.Module, size: int, n
 
 
 class VLLMHost(Host):
-    """The glue on a vLLM model built by the plugin (`bwprune.vllm.plugin`)."""
+    """The glue on a vLLM model built by the plugin (`bwprune.vllm.binding.plugin`)."""
 
     def __init__(self, method: PruningMethod, compiled: bool, tp_select: str = "global") -> None:
         """`compiled`: the engine runs the model under torch.compile; `tp_select`: how a
@@ -193,7 +193,7 @@ class VLLMHost(Host):
         if self.glued and not hasattr(model, "bwprune_session"):
             raise UserError(
                 f"the vLLM model is {type(model).__name__}, not one of the bwprune plugin's "
-                "(bwprune.vllm.plugin): is bwprune installed in vLLM's environment?"
+                "(bwprune.vllm.binding.plugin): is bwprune installed in vLLM's environment?"
             )
         hooks = super().attach(model, adapter)
         if self.tp_select == "per_rank" and isinstance(self.method, NeuronSetMethod):

@@ -1,7 +1,7 @@
 """vLLM's worker, binding the served method once the model is warm (`--worker-cls`).
 
 vLLM runs dummy forwards while it sizes the KV cache and warms up; those are no requests of
-anyone's, so the method is bound after them (`bwprune.vllm.serve.bind_served`), from the
+anyone's, so the method is bound after them (`bwprune.vllm.serving.serve.bind_served`), from the
 `bwprune` entry of vLLM's `--additional-config`, and unbound when the server stops.
 """
 
@@ -17,7 +17,7 @@ else:
 
 class ServingWorker(_Worker):
     def compile_or_warm_up_model(self):
-        from bwprune.vllm.serve import bind_served
+        from bwprune.vllm.serving.serve import bind_served
 
         warmed = super().compile_or_warm_up_model()
         self.bwprune_bound = bind_served(self.model_runner, self.vllm_config.additional_config)
@@ -26,8 +26,9 @@ class ServingWorker(_Worker):
     def shutdown(self) -> None:
         """The server stops: requests still in a seat leave (their ledger lines are written;
         a finished request is otherwise seen to leave only at the next forward). vLLM waits for
-        this only under a shutdown timeout (`serve.drain_s`, `bwprune.vllm.serve.server_command`):
-        with its default, 0, it kills the worker at once."""
+        this only under a shutdown timeout (`serve.drain_s`,
+        `bwprune.vllm.serving.serve.server_command`): with its default, 0, it kills the worker at
+        once."""
         bound = getattr(self, "bwprune_bound", None)
         if bound is not None:
             self.bwprune_bound = None

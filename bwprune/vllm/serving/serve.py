@@ -3,12 +3,13 @@
 The method is prepared here, on the HF model, as for any run (calibration, static pruning); the
 model is exported as an HF folder with its tokenizer (the server takes text), and the prepared
 method and its ledger are saved beside it. vLLM's API server then runs in a process of its own with
-three settings of this package: the plugin's model class (`bwprune.vllm.plugin`), a worker that
-binds a `StreamSession` to the model once vLLM has warmed it up (`bwprune.vllm.worker`), and the
-scheduler that gives arriving prompts forwards of their own (`bwprune.vllm.scheduler`). Every
-request is a row of one endless stream; each one's realized sparsity is appended to a ledger file
-as it leaves (`bind_served`). The server process itself, tied to this one and told apart
-from any other server on its port, is `bwprune.vllm.server`'s.
+three settings of this package: the plugin's model class (`bwprune.vllm.binding.plugin`), a worker
+that binds a `StreamSession` to the model once vLLM has warmed it up
+(`bwprune.vllm.serving.worker`), and the scheduler that gives arriving prompts forwards of their own
+(`bwprune.vllm.binding.scheduler`). Every request is a row of one endless stream; each one's
+realized sparsity is appended to a ledger file as it leaves (`bind_served`). The server process
+itself, tied to this one and told apart from any other server on its port, is
+`bwprune.vllm.serving.server`'s.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from bwprune.errors import UserError
 from bwprune.generation.prepared import PreparedModel, prepare_loaded
 from bwprune.methods.host import decides_per_forward
 from bwprune.models.loading import load_model
-from bwprune.vllm.host import Shard, compilable, refuse_tensor_parallel
-from bwprune.vllm.server import ServeSettings, launched
-from bwprune.vllm.support import refuse_unsupported
+from bwprune.vllm.binding.host import Shard, compilable, refuse_tensor_parallel
+from bwprune.vllm.binding.support import refuse_unsupported
+from bwprune.vllm.serving.server import ServeSettings, launched
 
 SERVED_NAME = "bwprune"  # the model name requests use
 STATE = "bwprune_method.pt"  # the prepared method and its ledger, in the served folder
@@ -51,7 +52,7 @@ def export_served(cfg: DictConfig, folder: Path) -> PreparedModel:
         raise UserError("make serve with generation.vllm.executor=ray needs GPUs: on CPU the "
                         "server's vLLM starts a Ray instance with nothing to place its workers "
                         "on (a run's engine can: docs/vllm.md); use executor=mp")  # fmt: skip
-    from bwprune.vllm.runner import export_model
+    from bwprune.vllm.running.runner import export_model
 
     prepared = prepare_loaded(*load_model(cfg.model, cfg.paths.cache_dir), method)
     refuse_tensor_parallel(prepared.method, prepared.model, size, str(cfg.model.name))
@@ -67,7 +68,7 @@ def export_served(cfg: DictConfig, folder: Path) -> PreparedModel:
 def served_compiled(cfg: DictConfig, method) -> bool:
     """Whether the server compiles: a server lives long, so it compiles on CPU too unless told
     `generation.vllm.compile=false`, and a method runs compiled where its decisions live inside
-    the FFN's op (`bwprune.vllm.host.compilable`; TEAL runs eager)."""
+    the FFN's op (`bwprune.vllm.binding.host.compilable`; TEAL runs eager)."""
     return str(cfg.generation.vllm.compile).lower() != "false" and compilable(method)
 
 
@@ -77,11 +78,12 @@ def server_command(cfg: DictConfig, folder: Path, ledger: Path, method, name: st
     `generation.vllm.compile=false` or the method decides outside the FFN's op (`served_compiled`),
     prefix caching off when the method decides per forward (a cached prompt is never scored).
     The model answers to SERVED_NAME and to `name`, this launch's own
-    (`bwprune.vllm.server.wait_ready`). Without `plugin`, vLLM alone serves it: none of this
-    package's model class, worker, scheduler or method (a soak's control, `bwprune.vllm.soak`)."""
-    from bwprune.vllm.plugin import architecture as plugin_class
-    from bwprune.vllm.runner import UNMIXED
-    from bwprune.vllm.widths import STRUCTURE_KEY
+    (`bwprune.vllm.serving.server.wait_ready`). Without `plugin`, vLLM alone serves it: none of
+    this package's model class, worker, scheduler or method (a soak's control,
+    `bwprune.vllm.serving.soak`)."""
+    from bwprune.vllm.binding.plugin import architecture as plugin_class
+    from bwprune.vllm.binding.widths import STRUCTURE_KEY
+    from bwprune.vllm.running.runner import UNMIXED
 
     settings = ServeSettings.from_config(cfg)
     size = int(cfg.generation.vllm.tensor_parallel_size)
@@ -106,7 +108,7 @@ def server_command(cfg: DictConfig, folder: Path, ledger: Path, method, name: st
         "--no-enable-chunked-prefill", "--tensor-parallel-size", str(size),
         *(["--distributed-executor-backend", str(cfg.generation.vllm.executor)] if size > 1
           else []),
-        *(["--scheduler-cls", UNMIXED, "--worker-cls", "bwprune.vllm.worker.ServingWorker",
+        *(["--scheduler-cls", UNMIXED, "--worker-cls", "bwprune.vllm.serving.worker.ServingWorker",
             "--hf-overrides", json.dumps({"architectures": [architecture]}),
             "--additional-config", json.dumps({"bwprune": bwprune})] if plugin else []),
         *([] if compiled else ["--enforce-eager"]),
@@ -120,9 +122,9 @@ def running_server(
 ) -> Iterator[tuple[ServeSettings, subprocess.Popen]]:
     """The server (where it listens, its process), up and answering as itself for as long as the
     block runs, stopped on the way out, also on errors and signals
-    (`bwprune.vllm.server.launched`); its output goes to `log_path`. `plugin`: as in
+    (`bwprune.vllm.serving.server.launched`); its output goes to `log_path`. `plugin`: as in
     `server_command`."""
-    from bwprune.vllm.cores import BIND, binding
+    from bwprune.vllm.running.cores import BIND, binding
 
     settings = ServeSettings.from_config(cfg)
     name = f"{SERVED_NAME}-{secrets.token_hex(8)}"
@@ -140,8 +142,8 @@ def bind_served(runner, additional_config: dict | None) -> ExitStack | None:
     stream of requests; each request's ledger summary is appended to the ledger file as it
     leaves (by the first tensor-parallel rank: every rank counts the same). Returns what keeps
     the method attached (None: no bwprune settings, plain vLLM)."""
-    from bwprune.vllm.host import VLLMHost
-    from bwprune.vllm.session import StreamSession, bound
+    from bwprune.vllm.binding.host import VLLMHost
+    from bwprune.vllm.binding.session import StreamSession, bound
 
     settings = (additional_config or {}).get("bwprune")
     if not settings:
