@@ -50,6 +50,7 @@ NUMBERS = ("sparsity", "generation.temperature", "generation.top_p", "cost.targe
            "cost.tolerance", "cost.max_rho", "speed.half_width", "speed.confidence",
            "speed.budget_s")  # fmt: skip
 NULLABLE = ("limit", "cost.target")
+AUTOMATIC = ("speed.budget_s",)  # may also be "auto": set from the run's size
 PAIRED = ("auto", "true", "false")  # speed.paired (YAML gives the last two as booleans)
 BATCHING = ("static", "continuous")  # generation.batching
 BACKENDS = ("hf", "vllm")  # generation.backend
@@ -60,8 +61,12 @@ def validate(cfg: DictConfig) -> None:
     of `cost` values are `bwprune.generation.cost_target`'s, checked when a target is set)."""
     for key in (*INTEGERS, *NUMBERS):
         value, integer = OmegaConf.select(cfg, key), key in INTEGERS
-        if not (_is_number(value, integer) or (key in NULLABLE and value is None)):
-            raise UserError(f"{key}={value!r} must be {'an integer' if integer else 'a number'}")
+        if _is_number(value, integer) or (key in NULLABLE and value is None):
+            continue
+        if key in AUTOMATIC and value == "auto":
+            continue
+        kind = "an integer" if integer else "a number"
+        raise UserError(f"{key}={value!r} must be {kind}{' or auto' * (key in AUTOMATIC)}")
     check_sparsity(cfg.sparsity)
     if cfg.batch_size < 1:
         raise UserError(f"batch_size={cfg.batch_size} must be >= 1")

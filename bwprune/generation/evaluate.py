@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from bwprune.benchmarks.base import Benchmark, Example
-from bwprune.generation.paired import PairedSettings, PairedTiming
+from bwprune.generation.paired import PairedSettings, PairedTiming, pair_status
 from bwprune.generation.prepared import PreparedModel, prepare_model
 from bwprune.generation.prompts import batch_prompts
 from bwprune.generation.quality import (
@@ -34,7 +34,6 @@ from bwprune.generation.quality import (
 from bwprune.generation.runner import BatchedRunner, BatchTiming, SamplingConfig
 from bwprune.generation.samples import sample_row, timing_row
 from bwprune.generation.stream import StreamRunner
-from bwprune.generation.timing import Precision
 from bwprune.methods.base import PruningMethod
 from bwprune.models.loading import load_model
 from bwprune.runs.identity import target_sparsity
@@ -175,6 +174,10 @@ def _static(cfg, prepared: PreparedModel, runner: BatchedRunner, batches, todo, 
     generator, paired = backend.engines(cfg, prepared, runner, todo, to_time)
     bar = tqdm(todo, desc=record.recorder.key, unit="batch", disable=not cfg.progress)
     inside = BatchProgress(bar)
+
+    def show_pairs(status: dict) -> None:  # a timed batch may take minutes: show it moving
+        bar.set_postfix_str(pair_status(status))
+
     for number, batch in enumerate(bar):
         prompts = batch_prompts(tokenizer, cfg.model, batch)
         ids, attn = runner.encode(prompts)
@@ -187,8 +190,8 @@ def _static(cfg, prepared: PreparedModel, runner: BatchedRunner, batches, todo, 
         )
         measured = None
         if paired is not None and id(batch) in timed:
-            bar.set_postfix_str("timing dense vs method on this batch")
-            measured = paired.measure(ids, attn, completions)
+            precision = paired.settings.for_batch(timing.prefill_s + timing.decode_s, len(batches))
+            measured = paired.measure(ids, attn, completions, precision, show_pairs)
         record(batch, prompts, completions, quality, timing, bar, measured)
 
 
@@ -237,8 +240,7 @@ def paired_timing(cfg: DictConfig, runner: BatchedRunner, prepared: PreparedMode
     """The run's paired timing of `runner` against dense: the runner's own model when the method
     leaves the weights alone, else the model loaded once more, as the first was (a `deepcopy`
     ran 7 % slower than a loaded model on this project's CPU, which would bias the ratio)."""
-    s = cfg.speed
-    settings = PairedSettings(int(s.batches), int(s.warmup), Precision.from_config(s))
+    settings = PairedSettings.from_config(cfg.speed)
     dense = (
         load_model(cfg.model, cfg.paths.cache_dir)[0]
         if prepared.method.edits_weights

@@ -12,9 +12,10 @@ procedure.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -57,6 +58,40 @@ class PairedSettings:
     batches: int  # the run's first N batches
     warmup: int  # untimed trials of each side first (allocation, compilation)
     precision: Precision  # how many timed pairs per batch: until the interval is tight
+    auto_budget: bool = False  # `speed.budget_s: auto`: each batch's budget from the run's size
+
+    @classmethod
+    def from_config(cls, speed: Mapping) -> PairedSettings:
+        """From a run's `speed` node; `budget_s: auto` leaves the budget to `for_batch`."""
+        auto = str(speed["budget_s"]).lower() == "auto"
+        node = {**speed, "budget_s": math.inf} if auto else speed
+        return cls(int(speed["batches"]), int(speed["warmup"]), Precision.from_config(node), auto)
+
+    def for_batch(self, generation_s: float, run_batches: int) -> Precision:
+        """The stop rule for one timed batch that took `generation_s` to generate in a run of
+        `run_batches` batches. With `budget_s: auto` the timed batches may together add pairs
+        for about as long as generating the whole run takes (this batch's seconds x the run's
+        batches, shared among the timed ones): a run of two batches is not held for 20 minutes
+        of timing, a run of hundreds gets the pairs its interval needs. The minimum pairs run
+        whatever the budget."""
+        if not self.auto_budget:
+            return self.precision
+        timed = max(1, min(self.batches, run_batches))
+        return replace(self.precision, budget_s=generation_s * run_batches / timed)
+
+
+def pair_status(status: dict) -> str:
+    """One line for the progress bar while a batch is timed (`alternate_until`'s `progress`):
+    the pairs done of the fewest and most, the interval's half-width against its target, the
+    seconds spent and the budget (the fewest pairs run even past it)."""
+    p: Precision = status["precision"]
+    seconds = f"{status['seconds']:.0f} s (budget {p.budget_s:.0f} s)"
+    if status["warming_up"]:
+        return f"timing vs dense: warm-up, {seconds}"
+    width = status["half_width"]
+    interval = "no interval yet" if width is None else f"interval ±{width:.1%}"
+    return (f"timing vs dense: {status['pairs']} of {p.min_pairs}-{p.max_pairs} pairs, "
+            f"{interval} (target ±{p.half_width:.1%}), {seconds}")  # fmt: skip
 
 
 class PairedTiming:
@@ -80,20 +115,25 @@ class PairedTiming:
         )  # fmt: skip
         self.weight_bytes = weight_bytes(dense_model)
 
-    def measure(self, ids: torch.Tensor, attn: torch.Tensor, completions: list[Completion]) -> dict:
+    def measure(self, ids: torch.Tensor, attn: torch.Tensor, completions: list[Completion],
+                precision: Precision | None = None,
+                progress: Callable[[dict], None] | None = None) -> dict:  # fmt: skip
         """The `paired` entry of the batch's timing row: per trial, each side's prefill and decode
         seconds; how precise the pairs came out and what else loaded the machine (`precision`);
-        the weight bytes the bound needs; what the timing cost in wall seconds."""
+        the weight bytes the bound needs; what the timing cost in wall seconds. `precision`: the
+        batch's stop rule (`PairedSettings.for_batch`), else the settings' own; `progress`:
+        hears every pair (`alternate_until`)."""
         start = time.perf_counter()
         forced = own_forcing(completions, self.runner.pad_id, self.runner.device)
         sides = {"method": self.runner, "dense": self.dense}
         trials = {
             side: partial(_trial, runner, ids, attn, forced) for side, runner in sides.items()
         }
-        results, precision = alternate_until(
-            trials, self.settings.precision, self.settings.warmup, timed_ratios
+        precision = precision or self.settings.precision
+        results, stop = alternate_until(
+            trials, precision, self.settings.warmup, timed_ratios, progress
         )
-        return {**results, "precision": precision, "weight_bytes": self.weight_bytes,
+        return {**results, "precision": stop, "weight_bytes": self.weight_bytes,
                 "overhead_s": time.perf_counter() - start}  # fmt: skip
 
 

@@ -62,7 +62,9 @@ def remeasure(run_dir: str | Path, current: DictConfig) -> dict:
         batch = [(examples[i], k) for i, k in keys]
         ids, attn = runner.encode(batch_prompts(prepared.tokenizer, cfg.model, batch))
         completions, _ = runner.generate_tokens(ids, attn)
-        timing["paired"] = paired.measure(ids, attn, completions)
+        generated_s = timing["prefill_s"] + timing["decode_s"]  # as the run generated it
+        precision = paired.settings.for_batch(generated_s, len(timings))
+        timing["paired"] = paired.measure(ids, attn, completions, precision)
         timing["paired"]["replayed_equal"] = sum(
             c.text == recorded[key] for c, key in zip(completions, keys)
         )

@@ -91,7 +91,7 @@ def alternate_until(
     precision: Precision,
     warmup: int,
     ratios: Callable[[Mapping[str, list[T]]], Sequence[Sequence[float]]],
-    after_repeat: Callable[[int], None] = lambda _: None,
+    progress: Callable[[dict], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[dict[str, list[T]], dict]:
     """`alternate`, repeated until every ratio list `ratios(results)` gives (one per comparison
@@ -100,12 +100,23 @@ def alternate_until(
     `min_pairs`). Returns each trial's results after warm-up, as `alternate` does, and what the
     stop was: `{"pairs", "target", "confidence", "half_width" (the widest, relative), "reached",
     "stopped" ("tight" | "cap" | "budget"), "seconds", "interference"}` (`interference.between`:
-    load and steal at the start and the end). Warm-up results enter no interval."""
+    load and steal at the start and the end). Warm-up results enter no interval.
+
+    `progress`, when given, hears at the start and after every timed pair how far it is:
+    `{"pairs", "warming_up", "half_width", "seconds", "precision"}`, so a user watching a timing
+    that may last many minutes sees it move towards its target."""
     start, before = clock(), interference.snapshot()
     results: dict[str, list[T]] = {label: [] for label in trials}
     widest, pairs = math.inf, 0
+
+    def report() -> None:
+        if progress is not None:
+            progress({"pairs": pairs, "warming_up": pairs == 0 and warmup > 0,
+                      "half_width": widest if math.isfinite(widest) else None,
+                      "seconds": clock() - start, "precision": precision})  # fmt: skip
+
+    report()
     for rep, row in enumerate(_alternation(trials)):
-        after_repeat(rep)
         if rep < warmup:
             continue
         for label, result in row.items():
@@ -113,6 +124,7 @@ def alternate_until(
         pairs += 1
         compared = ratios(results)
         widest = max((relative_half_width(r, precision.confidence) for r in compared), default=0.0)
+        report()
         if pairs < precision.min_pairs:
             continue
         if widest <= precision.half_width:

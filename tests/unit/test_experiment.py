@@ -105,6 +105,7 @@ def test_wandb_failure_keeps_local_records(cfg_factory, monkeypatch):
         (["sparsity=abc"], "sparsity='abc' must be a number"),
         (["batch_size=2.5"], "batch_size=2.5 must be an integer"),
         (["seed=x"], "seed='x' must be an integer"),
+        (["speed.budget_s=soon"], "speed.budget_s='soon' must be a number or auto"),
         (["model.device=gpu"], r"model.device='gpu' is not valid; choose one of \['auto', 'cpu'"),
         pytest.param(
             ["model.device=cuda"],

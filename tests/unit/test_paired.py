@@ -15,7 +15,7 @@ from bwprune.config import compose_config
 from bwprune.errors import UserError
 from bwprune.experiment import run
 from bwprune.generation import paired as paired_module
-from bwprune.generation.paired import PairedSettings, PairedTiming
+from bwprune.generation.paired import PairedSettings, PairedTiming, pair_status
 from bwprune.generation.remeasure import remeasure, runs_without_interval
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.generation.timing import Precision
@@ -88,6 +88,28 @@ def test_time_to_answer_counts_the_steps_a_longer_answer_takes():
     dense = {"n": 4, "decode_iterations": 100}
     assert time_to_answer(metrics, dense) == pytest.approx((1.0 + 4.0 * 1.5 / 2) / 5.0)
     assert time_to_answer(metrics, {**dense, "n": 3}) is None  # not the same problems
+
+
+def test_an_auto_budget_is_the_runs_generation_time_shared_by_the_timed_batches():
+    speed = {"batches": 2, "warmup": 1, "repeats": 6, "max_repeats": 40, "half_width": 0.03,
+             "confidence": 0.95, "budget_s": "auto"}  # fmt: skip
+    settings = PairedSettings.from_config(speed)
+    assert settings.for_batch(30.0, run_batches=2).budget_s == pytest.approx(30.0)
+    assert settings.for_batch(30.0, run_batches=100).budget_s == pytest.approx(1500.0)
+    assert settings.for_batch(30.0, run_batches=1).budget_s == pytest.approx(30.0)
+    fixed = PairedSettings.from_config({**speed, "budget_s": 600})
+    assert fixed.for_batch(30.0, run_batches=2).budget_s == 600.0
+
+
+def test_the_progress_line_shows_pairs_interval_target_and_time():
+    precision = Precision(6, 40, 0.03, 0.95, 300.0)
+    status = {"pairs": 0, "warming_up": True, "half_width": None, "seconds": 12.4,
+              "precision": precision}  # fmt: skip
+    assert pair_status(status) == "timing vs dense: warm-up, 12 s (budget 300 s)"
+    line = pair_status({**status, "pairs": 7, "warming_up": False, "half_width": 0.0523})
+    assert line == ("timing vs dense: 7 of 6-40 pairs, interval ±5.2% (target ±3.0%), "
+                    "12 s (budget 300 s)")  # fmt: skip
+    assert "no interval yet" in pair_status({**status, "pairs": 3, "warming_up": False})
 
 
 class Slow(PruningMethod):

@@ -77,6 +77,18 @@ def test_noisy_pairs_stop_at_the_cap_or_the_budget_unreached():
     assert (stop["pairs"], stop["stopped"]) == (3, "budget")  # never before min_pairs
 
 
+def test_progress_hears_the_start_and_every_pair_with_the_interval_so_far():
+    heard: list[dict] = []
+    steady = [1.0, 1.01, 0.99, 1.0, 1.01, 0.99]
+    alternate_until(_ratio_trials([9.9, *steady]), Precision(1, 40, 0.03, 0.95, 1e9), 1,
+                    _decode_ratios, progress=heard.append)  # fmt: skip
+    assert [h["pairs"] for h in heard] == [0, 1, 2, 3, 4, 5, 6]
+    assert heard[0]["warming_up"] and not heard[1]["warming_up"]
+    assert [h["half_width"] for h in heard[:6]] == [None] * 6  # no interval below six pairs
+    assert heard[-1]["half_width"] == pytest.approx(0.01)
+    assert all(h["seconds"] >= 0 and h["precision"].half_width == 0.03 for h in heard)
+
+
 def test_the_interval_of_the_median_is_exact_and_absent_below_six_values():
     assert median_interval([1.0, 2.0, 3.0, 4.0, 5.0], 0.95) is None  # (min, max) covers 94 %
     assert median_interval([3.0, 1.0, 2.0, 6.0, 5.0, 4.0], 0.95) == (1.0, 6.0)  # covers 97 %

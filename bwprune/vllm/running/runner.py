@@ -398,17 +398,20 @@ class VLLMPairedTiming:
         self.dense_runner = dense or runner
         self.weight_bytes = weight_bytes((dense or runner).prepared.model)
 
-    def measure(self, ids: torch.Tensor, attn: torch.Tensor, completions: list[Completion]) -> dict:
+    def measure(self, ids: torch.Tensor, attn: torch.Tensor, completions: list[Completion],
+                precision: Precision | None = None,
+                progress: Callable[[dict], None] | None = None) -> dict:  # fmt: skip
         """The batch's `paired` entry, as `bwprune.generation.paired.PairedTiming.measure`'s."""
         start = time.perf_counter()
         lengths = [c.new_tokens for c in completions]
         sides = {"method": (self.runner, self.runner.driver),
                  "dense": (self.dense_runner, self.dense)}  # fmt: skip
         trials = {side: partial(self._trial, *s, ids, attn, lengths) for side, s in sides.items()}
-        results, precision = alternate_until(
-            trials, self.settings.precision, self.settings.warmup, timed_ratios
+        precision = precision or self.settings.precision
+        results, stop = alternate_until(
+            trials, precision, self.settings.warmup, timed_ratios, progress
         )
-        return {**results, "precision": precision, "weight_bytes": self.weight_bytes,
+        return {**results, "precision": stop, "weight_bytes": self.weight_bytes,
                 "overhead_s": time.perf_counter() - start}  # fmt: skip
 
     @staticmethod
@@ -432,6 +435,4 @@ def vllm_engines(cfg: DictConfig, prepared: PreparedModel, hf: BatchedRunner, ba
         loaded = prepare_loaded(*load_model(cfg.model, cfg.paths.cache_dir), PruningMethod())
         loaded_hf = loaded.runner(hf.sampling, int(cfg.seed), cfg.generation)
         dense = VLLMRunner.for_run(cfg, loaded, loaded_hf, longest)
-    s = cfg.speed
-    settings = PairedSettings(int(s.batches), int(s.warmup), Precision.from_config(s))
-    return engine, VLLMPairedTiming(engine, settings, dense)
+    return engine, VLLMPairedTiming(engine, PairedSettings.from_config(cfg.speed), dense)
