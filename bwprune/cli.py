@@ -42,8 +42,8 @@ def summary(record: dict, runs_dir: str) -> str:
     else:
         line = (
             f"  accuracy {m['accuracy']:.3f} ({m['correct']}/{m['n']}, {m['unscorable']} "
-            f"unscorable){sparsity}  decode {m['decode_tokens_per_s']:.1f} tok/s "
-            f"({m['decode_ms_per_step']:.1f} ms/step)"
+            f"unscorable, cut off {m.get('cut_off_rate', 0.0):.1%}){sparsity}  "
+            f"decode {m['decode_tokens_per_s']:.1f} tok/s ({m['decode_ms_per_step']:.1f} ms/step)"
         )
     cost = m.get("cost")
     if cost:  # a matched-cost run: what its search chose, and on what

@@ -33,7 +33,9 @@ def summarize(
 ) -> dict:
     """`run.json` metrics from the per-sample and per-batch records.
 
-    `n`, `correct`, `unscorable` count sample rows; `accuracy` is pass@1 over `problems`. Per
+    `n`, `correct`, `unscorable` count sample rows; `accuracy` is pass@1 over `problems`;
+    `cut_off_rate`: the fraction of samples that hit the token limit (their finish reason is
+    `length`), which says whether `max_new_tokens` or the model decided a run's accuracy. Per
     problem: tokens generated and decode seconds (what a user waits on, with `decode_iterations`,
     the decode loop's steps, which time-to-answer compares with dense's); `speedup`: the paired
     speedup over dense when batches were timed (`bwprune.runs.speedup`). `cost` is a matched-cost
@@ -57,6 +59,7 @@ def summarize(
         "unscorable_reasons": dict(
             Counter(s["score_reason"] for s in samples if s["correct"] is None)
         ),
+        "cut_off_rate": sum(s.get("finish_reason") == "length" for s in samples) / n if n else 0.0,
         "target_sparsity": cost["rho"] if cost else target_sparsity,
         "realized_sparsity": realized,
         "mean_new_tokens": tokens / n if n else 0.0,
