@@ -56,6 +56,7 @@ from bwprune.vllm.binding.ffn_route import SPLITTING_OP
 from bwprune.vllm.binding.host import compilable, refuse_tensor_parallel
 from bwprune.vllm.binding.padding import Heads, pad_heads, padding
 from bwprune.vllm.running import ranks
+from bwprune.vllm.running.context import context_length
 from bwprune.vllm.running.cores import workers_bound
 from bwprune.vllm.running.ray_cpu import ray_for_cpu_workers
 
@@ -192,7 +193,11 @@ class VLLMRunner:
         size = settings.tensor_parallel_size
         refuse_tensor_parallel(self.method, prepared.model, size, "the model")
         dtype = str(next(prepared.model.parameters()).dtype).removeprefix("torch.")
-        longest = settings.max_model_len or prepared.model.config.max_position_embeddings
+        longest = context_length(
+            prepared.model.config, next(prepared.model.parameters()).element_size(),
+            settings.kv_cache_gib, settings.max_model_len,
+            prompt_tokens + self.sampling.max_new_tokens, "generation.vllm.kv_cache_gib", size,
+        )  # fmt: skip
         started = time.perf_counter()
         on_cpu = self.device.type == "cpu"
         if size > 1 and settings.executor == "ray" and on_cpu:
@@ -203,7 +208,7 @@ class VLLMRunner:
                 enforce_eager=not self.compiled, tensor_parallel_size=size,
                 distributed_executor_backend=settings.executor if size > 1 else None,
                 enable_prefix_caching=prefix_caching and not glued,
-                max_num_seqs=slots, max_model_len=settings.max_model_len, load_format=load_format,
+                max_num_seqs=slots, max_model_len=longest, load_format=load_format,
                 # prompts run whole, in forwards of their own (`bwprune.vllm.binding.scheduler`)
                 scheduler_cls=UNMIXED, enable_chunked_prefill=False,
                 max_num_batched_tokens=max(2048, slots * prompt_tokens, longest),

@@ -36,6 +36,7 @@ from bwprune.methods.host import decides_per_forward
 from bwprune.models.loading import load_model
 from bwprune.vllm.binding.host import Shard, compilable, refuse_tensor_parallel
 from bwprune.vllm.binding.support import refuse_unsupported
+from bwprune.vllm.running.context import context_length
 from bwprune.vllm.serving.server import ServeSettings, launched
 
 SERVED_NAME = "bwprune"  # the model name requests use
@@ -89,7 +90,16 @@ def server_command(cfg: DictConfig, folder: Path, ledger: Path, method, name: st
     size = int(cfg.generation.vllm.tensor_parallel_size)
     config = json.loads((folder / "config.json").read_text())
     per_forward, compiled = decides_per_forward(method), served_compiled(cfg, method)
-    longest = cfg.generation.vllm.max_model_len or config["max_position_embeddings"]
+    dtype_bytes = torch.finfo(getattr(torch, str(config.get("dtype", "float32")))).bits // 8
+    longest = context_length(
+        config,
+        dtype_bytes,
+        settings.kv_cache_gib,
+        cfg.generation.vllm.max_model_len,
+        None,
+        "serve.kv_cache_gib",
+        size,
+    )
     bwprune = {"state": str(folder / STATE), "ledger": str(ledger), "compiled": compiled,
                "tp_select": str(cfg.generation.get("tp_select", "global"))}  # fmt: skip
     architecture = plugin_class(config["architectures"][0], STRUCTURE_KEY in config)
