@@ -4,8 +4,9 @@
 
 Times, alternated over random weights of the model's FFN shape (every layer its own), vLLM's
 fused-MoE kernel on packed panels (what the vLLM host runs), oneDNN on kept slices packed anew
-(what it ran before #43), plain `F.linear` on the slices, and oneDNN on the whole FFN; then a
-refresh of the packed kept sets that replaces `bench.vllm.refresh_churn` of each (one thread).
+(the alternative to writing kept sets in place), plain `F.linear` on the slices, and oneDNN on
+the whole FFN; then a refresh of the packed kept sets that replaces `bench.vllm.refresh_churn` of
+each (one thread).
 """
 
 import sys

@@ -9,8 +9,8 @@ sparsity and, at every forward, the kept set of every layer. Run it under anothe
 `git worktree` of an older commit, with PYTHONPATH pointing at it) to record what that code
 decided. `compare` prints, as one JSON line, whether the completions are equal and how many
 (forward, layer) kept sets differ (as sets: their order is where a host puts them). Used to
-check that keeping neurons in slots (#43) left the decisions and completions of `ours` as they
-were (docs/engine.md).
+check that a change to how kept sets are stored leaves the decisions and completions of `ours` as
+they were (docs/engine.md, results/LOG.md).
 """
 
 import json

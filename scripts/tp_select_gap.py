@@ -22,7 +22,7 @@ from bwprune.generation.runner import SamplingConfig
 from bwprune.methods.sharded import per_rank_gap
 
 ROOT = Path(__file__).resolve().parent.parent
-WORLD_SIZES = (2, 4)  # tensor-parallel sizes measured (issue #32)
+WORLD_SIZES = (2, 4)  # tensor-parallel sizes simulated
 
 
 def recorded_memories(cfg: DictConfig) -> tuple[list[list[torch.Tensor]], list[int]]:

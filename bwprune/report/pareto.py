@@ -1,4 +1,4 @@
-"""The Pareto view (issue #15): fidelity and accuracy against the cost a method realized,
+"""The Pareto view: fidelity and accuracy against the cost a method realized,
 parameters skipped per decode token (c), rather than against its nominal ρ.
 
 At one ρ the methods skip very different amounts (bwprune/engine/ledger.py defines (c)), so a

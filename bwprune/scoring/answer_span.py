@@ -8,7 +8,7 @@ Math's `extract_answer` order, docs/paper-notes.md#answer-checking):
 3. else, only if the completion ended on its own, the whole text, where math-verify takes the last
    expression (lm-eval's "flexible" last number).
 A completion cut at the token limit with neither a closed box nor a finished cue gave no answer:
-reading its last number credits whatever it was computing when it stopped (issue #16).
+reading its last number credits whatever it was computing when it stopped.
 This module finds text; parsing and comparing it is math_answers.py's job.
 """
 

@@ -1,7 +1,7 @@
 """Answer text rewritten, before math-verify, into forms it parses as meant.
 
 Each rewrite fixes a misreading seen on answers written the way models and the benchmarks' own
-solutions write them (issue #16); none changes what a correctly parsed answer means. Two apply
+solutions write them; none changes what a correctly parsed answer means. Two apply
 only where a benchmark's convention allows them: units are dropped from an answer whose gold is a
 bare number (Minerva's normalization strips units: lm-eval `minerva_math/utils.py`
 `normalize_final_answer`), and a choice label is read as its letter when the gold is a letter

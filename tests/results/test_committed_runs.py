@@ -1,5 +1,5 @@
 """The committed runs are scored by the current scorers: in particular, no run credits a completion
-the token limit cut before it gave an answer (issue #16).
+the token limit cut before it gave an answer.
 
 Why: the committed SmolLM2 runs once credited 14 truncated, box-less completions by their last
 number; this catches a results tree left scored by an older rule (rerun scripts/rescore.py).

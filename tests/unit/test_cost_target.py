@@ -1,4 +1,4 @@
-"""Matched cost (issue #15): a run's ρ is chosen so that its realized cost lands on a target.
+"""Matched cost: a run's ρ is chosen so that its realized cost lands on a target.
 
 The search itself on made-up cost curves; then on the tiny Llama, end to end: ours and TEAL
 reach a target (c) within tolerance on the calibration problems, which a plain run of those

@@ -156,7 +156,7 @@ def test_damage_before_the_last_line_names_file_line_and_changes_nothing(tmp_pat
 
 
 def _torn_like_a_full_disk(folder: Path) -> None:
-    """The issue's reproduction: the last batch's timing never written, its samples cut inside
+    """A write torn by a full disk: the last batch's timing never written, its samples cut inside
     a two-byte character."""
     (folder / "run.json").unlink()
     timing = (folder / "timing.jsonl").read_text().splitlines(keepends=True)

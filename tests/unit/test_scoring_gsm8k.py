@@ -26,7 +26,7 @@ CASES = [
     (r"\boxed{18\%}", "18", True),  # "what percent" questions: math-verify's 9% == 9
     (r"\boxed{4e1}", "40", True),  # e-notation is a number, not 4*e*1
     (r"\boxed{18.}", "18", True),  # a bare decimal point
-    # An answer cue's expression, not its commentary (issue #16).
+    # An answer cue's expression, not its commentary.
     ("The answer is **18** (9 eggs at $2 each).", "18", True),
     ("Janet sells 9 eggs. The answer is 18 (9 eggs at $2 each).", "18", True),
     ("So the answer is $18. She sells 9 eggs at $2 each.", "18", True),

@@ -39,7 +39,7 @@ CASES = [
     (r"<think>\boxed{2}</think> Hence \boxed{\frac{14}{3}}", r"\frac{14}{3}", True),
     (r"<think>Perhaps \boxed{\frac{14}{3}} but", r"\frac{14}{3}", None),  # unfinished think
     ("I cannot solve this.", r"\frac{14}{3}", None),  # nothing to extract
-    # Thin spaces and braced commas as thousands separators (issue #16): math-verify read 10\,080
+    # Thin spaces and braced commas as thousands separators: math-verify read 10\,080
     # as a product. Golds as in the data file.
     (r"\boxed{10\,080}", r"10,\!080", True),
     (r"\boxed{10{,}080}", r"10,\!080", True),

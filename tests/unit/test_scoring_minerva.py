@@ -33,7 +33,7 @@ CASES = [
     ("<think>it is 1.6? no, 2</think>The diameter is 1.6 cm.", "1.6", True),  # after a think
     ("<think>\\boxed{1.6}", "1.6", None),  # unfinished think
     ("No idea.", "1.6", None),
-    # Units inside the box (issue #16): Minerva's convention drops them after a number. Golds and
+    # Units inside the box: Minerva's convention drops them after a number. Golds and
     # units are the shipped problems' (idx 24 microns, 9 Angstroms, 6 and 14 arcseconds, ...).
     (r"\boxed{50 \mu\text{m}}", "50", True),
     (r"\boxed{50\,\mu\mathrm{m}}", "50", True),

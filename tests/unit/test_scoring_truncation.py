@@ -1,4 +1,4 @@
-"""No credit for text that never gave an answer: completions cut at the token limit (issue #16).
+"""No credit for text that never gave an answer: completions cut at the token limit.
 
 A cut completion is read only where it committed to an answer (a closed box, a finished answer
 cue); the last number of its reasoning is never an answer. Golds are the shipped data's: GSM8K
@@ -25,7 +25,7 @@ CASES = [
         "length",
         None,
         "truncated",
-    ),  # the issue's case: the last number is reasoning
+    ),  # the case that was credited: the last number is reasoning
     (
         "It takes 2 bolts of blue and half that, so we divide 2 by 2 to get 1, and 2 + 1 = 3",
         "3",

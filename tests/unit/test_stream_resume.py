@@ -2,8 +2,8 @@
 
 Why: in a stream, which rows share a forward depends on every row before, and a batch-shared
 method (ours, Griffin, TEAL's shared mask) decides from the rows it shares a forward with; a
-stream resumed with only its missing problems gave 15 of 28 completions differently
-(issue 30). A resumed stream replays from its first problem and writes only what is missing.
+stream resumed with only its missing problems gave 15 of 28 completions differently. A resumed
+stream replays from its first problem and writes only what is missing.
 """
 
 from collections.abc import Callable

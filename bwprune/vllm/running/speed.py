@@ -95,7 +95,7 @@ def measure_ffn_kernels(hidden: int, d_ff: int, kept: int, layers: int, batch_si
     """The kernel choice for kept sets on this CPU (`bwprune.vllm.binding.packed`): ms for `layers`
     FFNs of random weights (distinct per layer, so the weights stream from memory as in a model),
     each computing `kept` of `d_ff` neurons three ways — vLLM's fused-MoE kernel on packed
-    panels, oneDNN on freshly packed kept slices (what the host did before #43), plain
+    panels, oneDNN on freshly packed kept slices (the alternative to in-place writes), plain
     `F.linear` on the slices — and oneDNN on the whole FFN; alternated, medians of `repeats`."""
     ops, gen = _ops(), torch.Generator().manual_seed(seed)
     mats = [(torch.randn(2 * d_ff, hidden, generator=gen), torch.randn(hidden, d_ff, generator=gen))
