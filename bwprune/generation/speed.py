@@ -28,7 +28,7 @@ from torch import nn
 
 from bwprune.engine.ledger import SparsityLedger
 from bwprune.engine.realized import combine
-from bwprune.generation.paired import weight_bytes
+from bwprune.generation.paired import pair_status, weight_bytes
 from bwprune.generation.runner import (
     BatchedRunner,
     BatchTiming,
@@ -120,7 +120,7 @@ def timed_rows(
     per label, with its speedups vs dense on its engine and how the repeats met `precision`."""
     samples, stop = alternate_until(
         trials, precision, warmup, _speedups,
-        lambda rep: log(f"batch {batch}: repeat {rep + 1} done"),
+        lambda status: log(f"batch {batch}: {pair_status(status)}"),
     )  # fmt: skip
     summary = _summarize(batch, samples, bytes_, precision.confidence)
     return [{**row, "precision": stop} for row in summary]
