@@ -33,10 +33,11 @@ class Engine:
     """A tiny model, its HF runner and one vLLM engine on the same weights."""
 
     def __init__(self, family: str, calibration: list[str], method: str = "ours",
-                 *engine: str) -> None:  # fmt: skip
+                 *engine: str, mlp_rows: bool = True) -> None:  # fmt: skip
         """`method`: the one the engine is built for (the default decides per forward: no
         prefix caching); others are bound to it per generation (`run_vllm`). `engine`: more
-        overrides for how vLLM runs (`generation.vllm.compile=true`)."""
+        overrides for how vLLM runs (`generation.vllm.compile=true`); `mlp_rows`: the plugin
+        keeps the MLP's rows for methods that slice it (`VLLMRunner`)."""
         from bwprune.vllm.running.runner import VLLMRunner
 
         self.overrides = [f"model={family}", *WIDE, *calibration,
@@ -48,7 +49,8 @@ class Engine:
         self.sampling = SamplingConfig.from_config(cfg.generation)
         self.prepared = prepare_loaded(self.model, self.tok, build_method(cfg.method))
         self.hf = self.prepared.runner(self.sampling, 0, cfg.generation)
-        self.vllm = VLLMRunner.for_run(cfg, self.prepared, self.hf, max(map(len, PROMPTS)))
+        self.vllm = VLLMRunner.for_run(cfg, self.prepared, self.hf, max(map(len, PROMPTS)),
+                                       mlp_rows=mlp_rows)  # fmt: skip
         self.stop: list[int] = []
 
     def stop_mid_way(self, method) -> None:
@@ -280,6 +282,21 @@ def test_trisp_runs_its_smaller_model_layer_by_layer(calibration, family):
     (group,) = engine.vllm.model_runner.kv_cache_config.kv_cache_groups
     specs = list(group.kv_cache_spec.kv_cache_specs.values())
     assert [s.num_kv_heads for s in specs] == widths["num_kv_heads"]
+
+
+def test_an_engine_for_methods_that_never_slice_keeps_no_second_mlp(calibration):
+    """vLLM's CPU build packs the MLP for oneDNN; the plugin keeps the original beside it only
+    for neuron-set methods (a run's engine serves one method): without it, TEAL's tokens are
+    the HF host's still, and a method that slices is refused in one line, not computed wrong."""
+    from bwprune.vllm.binding.host import VLLMHost
+
+    engine = Engine("tiny_llama", calibration, "teal", mlp_rows=False)
+    kept = VLLMHost.mlp_weights(engine.vllm.model)
+    assert kept and all(w.is_meta for pair in kept for w in pair)
+    teal = engine.method("teal")
+    assert engine.run_vllm(teal)[0] == engine.run_hf(teal)[0]
+    with pytest.raises(UserError, match="kept no MLP rows"):
+        engine.run_vllm(engine.method("ours"))
 
 
 def test_a_method_masking_outside_the_ffn_stays_eager(engine):

@@ -63,13 +63,17 @@ def test_a_server_compiles_what_keeps_its_decisions_in_the_ffn(tmp_path, name, c
 
     cfg = serve_cfg(f"method={name}", f"generation.vllm.compile={compile_}")
     (tmp_path / "config.json").write_text(json.dumps(
-        {"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 512}))  # fmt: skip
+        {"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 512,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "hidden_size": 64}))  # fmt: skip
     command = server_command(cfg, tmp_path, tmp_path / "ledger.jsonl", build_method(cfg.method),
                              "bwprune-x")  # fmt: skip
     assert ("--enforce-eager" in command) == eager
     assert ("--no-enable-prefix-caching" not in command) == cached
     config = json.loads(command[command.index("--additional-config") + 1])
     assert config["bwprune"]["compiled"] is not eager
+    assert config["bwprune"]["rows"] is (name in ("ours", "griffin"))  # neuron-set methods slice
+    assert command[command.index("--max-model-len") + 1] == "512"  # its KV cache holds more
 
 
 def test_a_taken_port_is_refused_in_one_line():

@@ -195,6 +195,13 @@ class VLLMHost(Host):
                 f"the vLLM model is {type(model).__name__}, not one of the bwprune plugin's "
                 "(bwprune.vllm.binding.plugin): is bwprune installed in vLLM's environment?"
             )
+        if isinstance(self.method, NeuronSetMethod) and any(
+            w.is_meta for pair in self.mlp_weights(model) for w in pair
+        ):
+            raise UserError(
+                f"{type(self.method).__name__} slices the MLP, but this vLLM engine was built for "
+                "a method that does not and kept no MLP rows (additional_config bwprune.rows)"
+            )
         hooks = super().attach(model, adapter)
         if self.tp_select == "per_rank" and isinstance(self.method, NeuronSetMethod):
             # the gathered scores, chosen shard by shard as each rank would alone

@@ -6,7 +6,9 @@ are vLLM's own Llama and Qwen2 models with two additions:
 
 - after loading, each layer's MLP weights are kept by reference: vLLM's CPU build repacks linear
   weights for oneDNN and empties `.weight`, and a kept neuron set needs rows of the original
-  (`bwprune.vllm.binding.host.SlicedMLP` gathers from them);
+  (`bwprune.vllm.binding.host.SlicedMLP` gathers from them). That holds the MLP twice, so an
+  engine for a method that never slices (`additional_config={"bwprune": {"rows": False}}`)
+  keeps only their shapes;
 - every forward goes through `bwprune_session` when one is bound (`bwprune.vllm.binding.session`):
   it reads which requests and tokens the forward runs, and drives the method around it;
 - each layer's MLP runs through its route (`bwprune.vllm.binding.ffn_route`), an opaque op while
@@ -39,13 +41,16 @@ class _Hosted:
 
     def __init__(self, *, vllm_config, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
+        settings = (vllm_config.additional_config or {}).get("bwprune") or {}
+        self.bwprune_rows = bool(settings.get("rows", True))
         for layer in self.model.layers:  # before vLLM first traces the decoder
             route(layer.mlp)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         loaded = super().load_weights(weights)
+        keep = (lambda w: w) if self.bwprune_rows else (lambda w: w.to("meta"))
         self.bwprune_weights = [
-            (layer.mlp.gate_up_proj.weight, layer.mlp.down_proj.weight)
+            (keep(layer.mlp.gate_up_proj.weight), keep(layer.mlp.down_proj.weight))
             for layer in self.model.layers
         ]
         return loaded

@@ -50,6 +50,7 @@ from bwprune.generation.runner import BatchedRunner, BatchTiming, Completion
 from bwprune.generation.timing import Precision, alternate_until
 from bwprune.methods.base import PruningMethod
 from bwprune.methods.host import decides_per_forward
+from bwprune.methods.neuron_set import NeuronSetMethod
 from bwprune.models.loading import load_model
 from bwprune.runs.speedup import timed_ratios
 from bwprune.vllm.binding.ffn_route import SPLITTING_OP
@@ -171,14 +172,16 @@ class VLLMRunner:
     def __init__(self, prepared: PreparedModel, hf: BatchedRunner, folder: Path,
                  settings: VLLMSettings, slots: int, prompt_tokens: int, seed: int,
                  load_format: str = "auto", prefix_caching: bool = True,
-                 tp_select: str = "global") -> None:  # fmt: skip
+                 tp_select: str = "global", mlp_rows: bool = True) -> None:  # fmt: skip
         """vLLM on the model in `folder` (`prepared.model`'s config and weights; with
         `load_format="dummy"` its config alone, random weights: speed checks). `hf`: the run's HF
         runner (tokenizer, sampling, stop ids and completions are shared); `slots`: the largest
         batch; `prompt_tokens`: the longest prompt (a batch's prompts must fit one forward);
         `prefix_caching=False`: off also for a method that allows it (a speed check that repeats
         its prompts, timed against an engine without it); `tp_select`: how tensor-parallel ranks
-        choose kept sets (`generation.tp_select`)."""
+        choose kept sets (`generation.tp_select`); `mlp_rows=False`: the plugin keeps no copy of
+        the MLP weights beside vLLM's packed one, for an engine whose methods never slice it
+        (every method but the neuron-set ones: `bwprune.vllm.binding.plugin`)."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # vLLM leaves a core to its scheduler process unless told the thread count; in this one
         # process it computes with the threads this process (and its HF runner) computes with.
@@ -214,6 +217,7 @@ class VLLMRunner:
                 max_num_batched_tokens=max(2048, slots * prompt_tokens, longest),
                 kv_cache_memory_bytes=int(settings.kv_cache_gib * 2**30),
                 hf_overrides={"architectures": [plugin_architecture(prepared.model)]},
+                additional_config={"bwprune": {"rows": mlp_rows}},
                 compilation_config=compilation_config(self.compiled, glued, self.device),
             )  # fmt: skip
         log.info("vLLM engine ready in %.1f s (%s, %d worker%s)", time.perf_counter() - started,
@@ -237,14 +241,15 @@ class VLLMRunner:
 
     @classmethod
     def for_run(cls, cfg: DictConfig, prepared: PreparedModel, hf: BatchedRunner,
-                longest_prompt: int, prefix_caching: bool = True) -> VLLMRunner:  # fmt: skip
+                longest_prompt: int, prefix_caching: bool = True,
+                mlp_rows: bool = True) -> VLLMRunner:  # fmt: skip
         """The engine of a run: its model (pruned weights exported, and removed once loaded),
-        batch size, seed and `generation.vllm` settings."""
+        batch size, seed and `generation.vllm` settings; `mlp_rows` as the constructor's."""
         folder, own = model_folder(cfg, prepared)
         try:
             return cls(prepared, hf, folder, VLLMSettings.from_config(cfg.generation),
                        int(cfg.batch_size), longest_prompt, int(cfg.seed),
-                       prefix_caching=prefix_caching,
+                       prefix_caching=prefix_caching, mlp_rows=mlp_rows,
                        tp_select=str(cfg.generation.get("tp_select", "global")))  # fmt: skip
         finally:
             if own:
@@ -432,12 +437,14 @@ def vllm_engines(cfg: DictConfig, prepared: PreparedModel, hf: BatchedRunner, ba
     on a second engine with the model loaded again."""
     prompts = [p for b in batches for p in batch_prompts(hf.tokenizer, cfg.model, b)]
     longest = max(len(hf.encode([p])[0][0]) for p in prompts)
-    engine = VLLMRunner.for_run(cfg, prepared, hf, longest)
+    # one method per engine here: only a neuron-set method needs the MLP's rows kept beside it
+    rows = isinstance(prepared.method, NeuronSetMethod)
+    engine = VLLMRunner.for_run(cfg, prepared, hf, longest, mlp_rows=rows)
     if not timed:
         return engine, None
     dense = None
     if prepared.method.edits_weights:
         loaded = prepare_loaded(*load_model(cfg.model, cfg.paths.cache_dir), PruningMethod())
         loaded_hf = loaded.runner(hf.sampling, int(cfg.seed), cfg.generation)
-        dense = VLLMRunner.for_run(cfg, loaded, loaded_hf, longest)
+        dense = VLLMRunner.for_run(cfg, loaded, loaded_hf, longest, mlp_rows=False)
     return engine, VLLMPairedTiming(engine, PairedSettings.from_config(cfg.speed), dense)

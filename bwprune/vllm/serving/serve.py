@@ -33,6 +33,7 @@ from bwprune.engine.protocol import MethodDriver
 from bwprune.errors import UserError
 from bwprune.generation.prepared import PreparedModel, prepare_loaded
 from bwprune.methods.host import decides_per_forward
+from bwprune.methods.neuron_set import NeuronSetMethod
 from bwprune.models.loading import load_model
 from bwprune.vllm.binding.host import Shard, compilable, refuse_tensor_parallel
 from bwprune.vllm.binding.support import refuse_unsupported
@@ -101,6 +102,7 @@ def server_command(cfg: DictConfig, folder: Path, ledger: Path, method, name: st
         size,
     )
     bwprune = {"state": str(folder / STATE), "ledger": str(ledger), "compiled": compiled,
+               "rows": isinstance(method, NeuronSetMethod),
                "tp_select": str(cfg.generation.get("tp_select", "global"))}  # fmt: skip
     architecture = plugin_class(config["architectures"][0], STRUCTURE_KEY in config)
     return [
