@@ -9,6 +9,10 @@ are vLLM's own Llama and Qwen2 models with two additions:
   (`bwprune.vllm.binding.host.SlicedMLP` gathers from them). That holds the MLP twice, so an
   engine for a method that never slices (`additional_config={"bwprune": {"rows": False}}`)
   keeps only their shapes;
+- on CPU, an output matrix of its own is packed for oneDNN and kept as loaded too, and the input
+  embedding is packed for a matmul it never runs (vLLM packs every vocabulary layer alike): with
+  untied embeddings the plugin skips the embedding's pack and drops the output matrix once packed,
+  about 1.7 GiB of fp32 at the 1.5B's vocabulary (`untie_packs`);
 - every forward goes through `bwprune_session` when one is bound (`bwprune.vllm.binding.session`):
   it reads which requests and tokens the forward runs, and drives the method around it;
 - each layer's MLP runs through its route (`bwprune.vllm.binding.ffn_route`), an opaque op while
@@ -28,10 +32,31 @@ from functools import partial
 import torch
 from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
+from vllm.platforms import current_platform
 
 from bwprune.errors import UserError
 from bwprune.vllm.binding.ffn_route import route
 from bwprune.vllm.binding.widths import WidthsForCausalLM
+
+
+def untie_packs(embedding: torch.nn.Module, head: torch.nn.Module) -> None:
+    """With an output matrix of its own (untied), the embedding only looks rows up and the head
+    only multiplies through its pack: skip the one and free the other's weight once packed. A
+    tied head is the embedding module itself (or shares its method) and is left as vLLM made it."""
+    if head is embedding or head.quant_method is embedding.quant_method:
+        return
+    embedding.quant_method.process_weights_after_loading = lambda layer: None
+    pack = head.quant_method.process_weights_after_loading
+
+    def pack_and_drop(layer: torch.nn.Module) -> None:
+        pack(layer)
+        if (
+            getattr(layer, "cpu_linear", torch.nn.functional.linear)
+            is not torch.nn.functional.linear
+        ):
+            layer.weight = torch.nn.Parameter(layer.weight.new_empty(0), requires_grad=False)
+
+    head.quant_method.process_weights_after_loading = pack_and_drop
 
 
 class _Hosted:
@@ -45,6 +70,8 @@ class _Hosted:
         self.bwprune_rows = bool(settings.get("rows", True))
         for layer in self.model.layers:  # before vLLM first traces the decoder
             route(layer.mlp)
+        if current_platform.is_cpu() and getattr(self, "lm_head", None) is not None:
+            untie_packs(self.model.embed_tokens, self.lm_head)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         loaded = super().load_weights(weights)
