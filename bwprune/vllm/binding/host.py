@@ -87,27 +87,25 @@ class SlicedMLP(KeptFFN):
     moves with every refresh, so its slots only grow (`KeptSlots`) and a refresh still writes
     only the neurons that changed."""
 
-    def __init__(self, mlp: nn.Module, gate_up: torch.Tensor, down: torch.Tensor,
+    def __init__(self, mlp: nn.Module, gate_up: torch.Tensor, down_rows: torch.Tensor,
                  shard: Shard = Shard()) -> None:  # fmt: skip
-        d_ff = down.shape[1]
+        d_ff, hidden = down_rows.shape
         gate_up_bias = getattr(mlp.gate_up_proj, "bias", None)
         down_bias = getattr(mlp.down_proj, "bias", None)
         biased = gate_up_bias is not None or down_bias is not None
-        in_kernel = packed.supported(down.shape[0], down.dtype, down.device, biased)
+        in_kernel = packed.supported(hidden, down_rows.dtype, down_rows.device, biased)
         super().__init__(d_ff, packed.ALIGN if in_kernel else 1, grow=shard.size > 1)
         self.shard, self.first = shard, shard.rank * d_ff  # the global index of neuron 0 here
         self.packed, self.down_bias = in_kernel, down_bias
         self.mlp, self.act_fn = mlp, mlp.act_fn
-        self.gate_up, self.down = gate_up, down  # (2 D_ff, H): gate rows then up rows; (H, D_ff)
+        self.gate_up = gate_up  # (2 D_ff, H): gate rows then up rows
+        self.down_rows = down_rows  # (D_ff, H): each neuron's down column as a row
         self.gate, self.up = gate_up[:d_ff], gate_up[d_ff:]
-        self.down_rows: torch.Tensor | None = None  # made once, by the first kept set
         self.gate_bias, self.up_bias = (None, None) if gate_up_bias is None else \
             (gate_up_bias[:d_ff], gate_up_bias[d_ff:])  # fmt: skip
 
     def slot_weights(self, slots: int) -> SlotWeights:
-        if self.down_rows is None:
-            self.down_rows = neuron_rows(self.down)
-        if self.packed and packed.fits(self.down.shape[0], slots):
+        if self.packed and packed.fits(self.down_rows.shape[1], slots):
             return packed.PackedKeptWeights(self.gate_up, self.down_rows, slots)
         return KeptWeights(self.gate, self.up, self.down_rows,
                            (self.gate_bias, self.up_bias, self.down_bias), self.act_fn,
@@ -134,7 +132,7 @@ class SlicedMLP(KeptFFN):
 
     @property
     def weight(self) -> torch.Tensor:
-        return self.down
+        return self.down_rows
 
 
 FFN_SITES = frozenset({"gate_act", "mlp_mid"})  # hidden states inside the FFN's op
@@ -211,9 +209,9 @@ class VLLMHost(Host):
 
     @staticmethod
     def mlp_weights(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each layer's (gate|up, down) weights: those the plugin kept at load time, else the
-        layers' own (random weights of a dummy load, which calls no `load_weights`) while vLLM
-        has not packed them away."""
+        """Each layer's gate|up weight and down's neuron rows: those the plugin kept at load
+        time, else from the layers' own (random weights of a dummy load, which calls no
+        `load_weights`) while vLLM has not packed them away."""
         kept = getattr(model, "bwprune_weights", None)
         if kept is not None:
             return kept
@@ -222,7 +220,7 @@ class VLLMHost(Host):
         if any(w.numel() == 0 for pair in own for w in pair):
             raise UserError("vLLM packed the MLP weights before the plugin could keep them "
                             "(a dummy load on CPU): load real weights")  # fmt: skip
-        return own
+        return [(gate_up, neuron_rows(down)) for gate_up, down in own]
 
     def place(self, order: torch.Tensor | None, count: int) -> None:
         """The next forward's tokens: vLLM's index of each of the method's tokens (None: vLLM
@@ -241,7 +239,7 @@ class VLLMHost(Host):
         decoder = model.model.layers[layer]
         mlp = decoder.mlp
         if name == "gate_act":  # vLLM fuses gate and up: the gate is the first half
-            d = self.mlp_weights(model)[layer][1].shape[1]
+            d = self.mlp_weights(model)[layer][1].shape[0]  # down rows: (D_ff, H)
             return Site(
                 mlp.gate_up_proj, "output", F.silu,
                 part=lambda out: out[0][..., :d],

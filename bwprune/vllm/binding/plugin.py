@@ -4,11 +4,12 @@ vLLM loads `register` in every process it starts (entry point `vllm.general_plug
 run selects these classes with `hf_overrides={"architectures": [...]}` (`ARCHITECTURES`). They
 are vLLM's own Llama and Qwen2 models with two additions:
 
-- after loading, each layer's MLP weights are kept by reference: vLLM's CPU build repacks linear
-  weights for oneDNN and empties `.weight`, and a kept neuron set needs rows of the original
-  (`bwprune.vllm.binding.host.SlicedMLP` gathers from them). That holds the MLP twice, so an
-  engine for a method that never slices (`additional_config={"bwprune": {"rows": False}}`)
-  keeps only their shapes;
+- after loading, each layer's MLP weights are kept: vLLM's CPU build repacks linear weights for
+  oneDNN and empties `.weight`, and a kept neuron set needs rows of the original
+  (`bwprune.vllm.binding.host.SlicedMLP` gathers from them): gate|up by reference, down as its
+  neurons' rows (`neuron_rows`, the layout a refresh gathers from; the original then goes). That
+  holds the MLP twice, so an engine for a method that never slices
+  (`additional_config={"bwprune": {"rows": False}}`) keeps only their shapes;
 - on CPU, an output matrix of its own is packed for oneDNN and kept as loaded too, and the input
   embedding is packed for a matmul it never runs (vLLM packs every vocabulary layer alike): with
   untied embeddings the plugin skips the embedding's pack and drops the output matrix once packed,
@@ -35,6 +36,7 @@ from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.platforms import current_platform
 
 from bwprune.errors import UserError
+from bwprune.models.sliced_mlp import neuron_rows
 from bwprune.vllm.binding.ffn_route import route
 from bwprune.vllm.binding.widths import WidthsForCausalLM
 
@@ -77,7 +79,7 @@ class _Hosted:
         loaded = super().load_weights(weights)
         keep = (lambda w: w) if self.bwprune_rows else (lambda w: w.to("meta"))
         self.bwprune_weights = [
-            (keep(layer.mlp.gate_up_proj.weight), keep(layer.mlp.down_proj.weight))
+            (keep(layer.mlp.gate_up_proj.weight), keep(neuron_rows(layer.mlp.down_proj.weight)))
             for layer in self.model.layers
         ]
         return loaded
