@@ -93,7 +93,7 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
         rs = m.get("realized_sparsity") or {}
         quality = m.get("quality") or {}
         key = record["run_key"]
-        predictions[key], completions[key] = _samples(path.parent / "samples.jsonl")
+        predictions[key], completions[key], cut = _samples(path.parent / "samples.jsonl")
         rows.append(
             {
                 "run_key": key,
@@ -118,6 +118,7 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
                 "correct": m.get("correct"),
                 "unscorable": m.get("unscorable"),
                 "unscorable_reasons": m.get("unscorable_reasons"),
+                "cut_off_rate": cut,
                 "target_sparsity": m["target_sparsity"],  # a matched-cost run's: its chosen ρ
                 **_cost_columns(cfg.get("cost"), m.get("cost")),
                 "realized_ffn": rs.get("ffn"),
@@ -197,20 +198,24 @@ def _time_to_answer(runs: pd.DataFrame, runs_dir: Path) -> list[tuple]:
     return out
 
 
-def _samples(samples_path: Path) -> tuple[dict, dict]:
+def _samples(samples_path: Path) -> tuple[dict, dict, float | None]:
     """(index, sample) -> final answer, and -> a digest of the completion text: whether two runs
-    wrote the same completions (`report.control`) without holding every text in memory."""
+    wrote the same completions (`report.control`) without holding every text in memory; and the
+    fraction of samples cut at the token limit (from the rows, so runs recorded before
+    `run.json` carried it have it too; None without samples)."""
     predictions: dict = {}
     digests: dict = {}
+    cut = 0
     if not samples_path.exists():
-        return predictions, digests
+        return predictions, digests, None
     for line in samples_path.read_text(encoding="utf-8").splitlines():
         s = json.loads(line)
         key = (s["index"], s.get("sample", 0))
         predictions[key] = s["prediction"]
+        cut += s.get("finish_reason") == "length"
         if "completion" in s:
             digests[key] = hashlib.sha1(s["completion"].encode()).hexdigest()
-    return predictions, digests
+    return predictions, digests, cut / len(predictions) if predictions else None
 
 
 def _agreement(runs: pd.DataFrame, predictions: dict) -> list[float | None]:

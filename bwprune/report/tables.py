@@ -41,7 +41,8 @@ FOOTNOTE = (
     "where either gave one; "
     "KL = token-level KL(dense ‖ method) on the dense model's continuation, teacher-forced; "
     "(a) realized FFN sparsity over decode steps; (b) on pruned steps only; "
-    "(c) fraction of all parameters skipped per decode token. "
+    "(c) fraction of all parameters skipped per decode token; cut = fraction of samples cut at "
+    "the token limit (max_new_tokens). "
     "Each run used lists its samples: correct, wrong (an answer, not the gold), unscorable by "
     "reason (truncated: cut at the token limit before answering; no_answer: ended without an "
     "answer; unfinished_think: the think block never closed)."
@@ -157,8 +158,8 @@ def main_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int = 4
     table[counts] = table[counts].astype("Int64")
     kl = _wide(sel, ["model", "method"], "benchmark", {"kl": "KL"})
     extra = sel.groupby(["model", "method"], as_index=False).agg(
-        agree=("agreement", "mean"), **{"(a) ffn": ("realized_ffn", "mean"),
-                                        "(c) params": ("realized_params", "mean")},
+        agree=("agreement", "mean"), cut=("cut_off_rate", "mean"),
+        **{"(a) ffn": ("realized_ffn", "mean"), "(c) params": ("realized_params", "mean")},
     )  # fmt: skip
     if not table.empty:
         table = table.merge(kl, on=["model", "method"], how="left").merge(extra)
@@ -191,7 +192,8 @@ def batch_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
     batch sizes measured on different problems or lengths; takes all runs, not one per cell."""
     used = _at_target(defaults_only(runs, defaults))
     sel = _evaluations(used)
-    values = {"accuracy": "acc", "agreement": "agree", "kl": "KL", "realized_ffn": "(a)"}
+    values = {"accuracy": "acc", "cut_off_rate": "cut", "agreement": "agree", "kl": "KL",
+              "realized_ffn": "(a)"}  # fmt: skip
     table = _wide(sel, ["benchmark", "model", "method", "n", "tokens"], "batch_size", values)
     return _table("Batch size (target ρ = 0.5)", table, used)
 

@@ -184,3 +184,19 @@ def test_a_speedup_cell_shows_its_interval_with_its_pairs_and_flags_else_its_ran
     assert span_cell(loaded, "speedup_step_low", "speedup_step_high") == "[1.00, 1.05] n=14‡"
     mixed = pd.concat([old, new])  # one run without an interval: the cell is a range
     assert span_cell(mixed, "speedup_step_low", "speedup_step_high") == "0.74–1.05"
+
+
+def test_the_cut_off_rate_comes_from_each_run_s_samples(results_tree):
+    """Every run's share of samples that hit the token limit, read from samples.jsonl (runs
+    recorded before run.json carried it have it too), in the accuracy tables' `cut` column."""
+    import json
+    from pathlib import Path
+
+    runs_dir = Path(results_tree[0])
+    runs = load_runs(runs_dir)
+    for r in runs.itertuples():
+        rows = [json.loads(line) for path in runs_dir.rglob("samples.jsonl")
+                if r.run_key in str(path) for line in path.read_text().splitlines()]  # fmt: skip
+        cut = sum(row["finish_reason"] == "length" for row in rows) / len(rows)
+        assert r.cut_off_rate == pytest.approx(cut)
+    assert "cut B=" in batch_table(runs, default_variants(CONF_DIR, runs)).markdown()
