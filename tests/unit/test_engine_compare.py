@@ -3,7 +3,16 @@ captures."""
 
 import torch
 
-from bwprune.vllm.running.compare import Capture, Mask, Tally, compare_captures, compare_masks
+from bwprune.vllm.running.compare import (
+    Capture,
+    Mask,
+    Tally,
+    TopK,
+    chosen_by,
+    compare_captures,
+    compare_kept,
+    compare_masks,
+)
 
 
 def mask(scores: list[list[float]], threshold: float = 1.0, keys=(0,)) -> Mask:
@@ -55,3 +64,48 @@ def test_the_float_disagreement_is_measured_up_to_the_first_flip():
     tally = compare_captures(a, b)
     assert tally.differing == 1 and tally.max_rel_score_diff == 2 / 3
     assert 0 < tally.float_disagreement < 1e-6
+
+
+def top(scores: list[float], k: int, forward: int = 0) -> TopK:
+    s = torch.tensor(scores)
+    return TopK(forward, s, k, s.topk(k).indices.sort().values)
+
+
+def test_kept_sets_parting_at_a_tie_on_the_boundary_are_a_near_tie():
+    """Neurons 1 and 2 tie for the last kept place: either engine may keep either one."""
+    a, b = top([3.0, 1.0, 1.0, 0.5], 2), top([3.0, 1.0, 1.0, 0.5], 2)
+    tally = Tally()
+    compare_kept(torch.tensor([0, 1]), torch.tensor([0, 2]), tally, a, b)
+    assert (tally.decisions, tally.differing, tally.differing_not_near_tie) == (1, 1, 0)
+
+
+def test_kept_sets_parting_within_the_float_disagreement_are_a_near_tie():
+    a, b = top([3.0, 1.0000001, 1.0, 0.5], 2), top([3.0, 1.0, 1.0000001, 0.5], 2)
+    tally = Tally()
+    rel, differ = compare_kept(a.kept, b.kept, tally, a, b)
+    assert differ and tally.differing_not_near_tie == 0 and 0 < rel < 1e-6
+
+
+def test_kept_sets_parting_far_from_the_boundary_are_not_a_near_tie():
+    """Equal scores, other sets: no tie and no float error explains it."""
+    a = top([3.0, 2.0, 1.0, 0.5], 2)
+    tally = Tally()
+    compare_kept(a.kept, torch.tensor([0, 3]), tally, a, TopK(0, a.scores, 2, torch.tensor([0, 3])))
+    assert tally.differing_not_near_tie == 1
+    tally = Tally()
+    compare_kept(a.kept, torch.tensor([0, 3]), tally)  # no top-k recorded: no margin
+    assert tally.differing_not_near_tie == 1
+
+
+def test_captures_find_the_top_k_each_kept_set_came_from():
+    one = lambda: Capture(lambda s: s)  # noqa: E731
+    a, b = one(), one()
+    for c, t in ((a, top([3.0, 1.0, 1.0], 2)), (b, top([3.0, 1.0, 1.0], 2))):
+        c.forwards = [("prefill", 0), ("decode", 0)]
+        c.tops = [t]
+    b.tops = [TopK(0, b.tops[0].scores, 2, torch.tensor([0, 2]))]
+    a.kept = {(1, 0): a.tops[0].kept}
+    b.kept = {(1, 0): b.tops[0].kept}
+    tally = compare_captures(a, b)
+    assert (tally.differing, tally.differing_not_near_tie) == (1, 0)
+    assert chosen_by(a.tops, 0, torch.tensor([0, 2])) is None

@@ -6,15 +6,20 @@ forwards (the prompts' prefill, then one decode forward per token; vLLM's logits
 by the forced token's before its sampler, `forcing`). Both runs record, through the method's
 own interface (no method is named here, only the families of `bwprune.methods.host`):
 
-- the kept sets in force at every forward (neuron-set methods), as sets;
+- the kept sets in force at every forward (neuron-set methods), as sets, and every top-k they
+  were chosen by (`NeuronSetMethod.top`: its scores and k);
 - every keep-mask entry a threshold method decided, with the score it compared with its
   threshold (`ThresholdMethod.scores`), tokens matched across engines by (row, position);
 - each row's ledger, and the logits that predict each forced token.
 
 A differing mask entry is a near-tie when both engines' scores lie within the engines' float
 disagreement of the threshold, that disagreement measured as the largest |Δ| between the two
-engines' scores at that site (layer, hidden state) in that forward. A kept set has no margin
-here: every differing one counts as not a near-tie. This module runs no engine of its own
+engines' scores at that site (layer, hidden state) in that forward. A differing kept set is a
+near-tie when every neuron in one set and not the other scores, in both engines, within that
+disagreement (between the scores its top-k was given) of the k-th best score: a tie at the
+boundary that float rounding, or the order a sort breaks exact ties in, settles either way. A
+kept set whose top-k was not recorded (or not a top-k) counts as not a near-tie. This module
+runs no engine of its own
 (`bwprune.generation.runner`, `bwprune.vllm.running.runner`) and scores nothing.
 """
 
@@ -55,6 +60,26 @@ class Mask:
     threshold: float
 
 
+@dataclass(frozen=True)
+class TopK:
+    """One top-k a neuron-set method chose a kept set by: before forward `forward`."""
+
+    forward: int
+    scores: torch.Tensor  # (D,)
+    k: int
+    kept: torch.Tensor  # sorted
+
+    def boundary(self) -> float:
+        """The k-th best score: the one a neuron must reach to be kept."""
+        return float(self.scores.double().topk(self.k).values[-1])
+
+
+def chosen_by(tops: list[TopK], forward: int, kept: torch.Tensor) -> TopK | None:
+    """The latest top-k at or before `forward` that chose exactly `kept`."""
+    return next((t for t in reversed(tops) if t.forward <= forward and torch.equal(t.kept, kept)),
+                None)  # fmt: skip
+
+
 @dataclass
 class Capture:
     """What one engine's run decided and predicted; `origin(slots)` -> the batch rows the method's
@@ -63,6 +88,7 @@ class Capture:
     origin: Callable[[torch.Tensor], torch.Tensor]
     forwards: list[tuple[str, int]] = field(default_factory=list)
     kept: dict[tuple[int, int], torch.Tensor | None] = field(default_factory=dict)
+    tops: list[TopK] = field(default_factory=list)  # every top-k, in the order it ran
     masks: dict[tuple[int, int, int], Mask] = field(default_factory=dict)
     logits: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # (row, i) -> (V,)
 
@@ -79,10 +105,17 @@ def capturing(driver: MethodDriver, capture: Capture) -> Iterator[Capture]:
     over the method's and the host's hooks, removed on exit)."""
     method, host = driver.method, driver.host
     begin_step, begin, keep = method.begin_step, host.begin, getattr(method, "keep", None)
+    top = getattr(method, "top", None)
 
     def on_begin_step(ctx):
         capture.forwards.append((ctx.phase.value, ctx.step))
         return begin_step(ctx)
+
+    def on_top(scores: torch.Tensor, k: int) -> torch.Tensor:
+        kept = top(scores, k)
+        capture.tops.append(TopK(len(capture.forwards) - 1, scores.detach().cpu().clone(), int(k),
+                                 kept.sort().values.cpu()))  # fmt: skip
+        return kept
 
     def on_begin(ctx, valid, slots):
         out = begin(ctx, valid, slots)
@@ -112,13 +145,14 @@ def capturing(driver: MethodDriver, capture: Capture) -> Iterator[Capture]:
 
     method.begin_step = on_begin_step
     if isinstance(method, NeuronSetMethod):
-        host.begin = on_begin
+        host.begin, method.top = on_begin, on_top
     if isinstance(method, ThresholdMethod) and method.active:
         method.keep = on_keep
     try:
         yield capture
     finally:
-        for owner, name in ((method, "begin_step"), (host, "begin"), (method, "keep")):
+        for owner, name in ((method, "begin_step"), (host, "begin"), (method, "keep"),
+                            (method, "top")):  # fmt: skip
             owner.__dict__.pop(name, None)
 
 
@@ -229,23 +263,45 @@ def compare_masks(a: Mask, b: Mask | None, tally: Tally) -> tuple[float, bool]:
 
 
 def compare_kept(
-    a: torch.Tensor | None, b: torch.Tensor | None, tally: Tally
+    a: torch.Tensor | None,
+    b: torch.Tensor | None,
+    tally: Tally,
+    top_a: TopK | None = None,
+    top_b: TopK | None = None,
 ) -> tuple[float, bool]:
-    """One layer's kept sets (no margin is measured: a differing one is not a near-tie)."""
+    """One layer's kept sets, HF's `a` against vLLM's `b`, and the top-k each was chosen by
+    (None: not recorded): the relative disagreement of those top-k's scores, and whether the sets
+    differ. A differing set is a near-tie when every neuron in one and not the other scores within
+    that disagreement of its engine's k-th best score, in both engines."""
     if a is None and b is None:
         return 0.0, False
     tally.decisions += 1
     differ = a is None or b is None or not torch.equal(a, b)
     tally.differing += differ
-    tally.differing_not_near_tie += differ
-    return 0.0, differ
+    if top_a is None or top_b is None or top_a.k != top_b.k:
+        tally.differing_not_near_tie += differ
+        return 0.0, differ
+    eps = float((top_a.scores.double() - top_b.scores.double()).abs().max())
+    scale = float(top_a.scores.double().abs().max())
+    rel = eps / scale if scale else eps
+    if differ:
+        moved = torch.tensor(sorted(set(a.tolist()) ^ set(b.tolist())), dtype=torch.long)
+        near = all(((t.scores.double()[moved] - t.boundary()).abs() <= eps).all()
+                   for t in (top_a, top_b))  # fmt: skip
+        tally.differing_not_near_tie += not near
+    return rel, differ
 
 
 def compare_captures(a: Capture, b: Capture) -> Tally:
     """HF's capture `a` against vLLM's `b`, forward by forward, layer by layer."""
     tally = Tally(forwards=len(a.forwards), same_forwards=a.forwards == b.forwards)
-    sites = [((*key, -1), partial(compare_kept, kept, b.kept.get(key)))
-             for key, kept in a.kept.items()]  # fmt: skip
+    sites = []
+    for key, kept in a.kept.items():
+        other = b.kept.get(key)
+        tops = [None if k is None else chosen_by(c.tops, key[0], k)
+                for k, c in ((kept, a), (other, b))]  # fmt: skip
+        sites.append(((*key, -1), partial(compare_kept, kept, other, top_a=tops[0],
+                                          top_b=tops[1])))  # fmt: skip
     sites += [
         (key, partial(compare_masks, mask, b.masks.get(key))) for key, mask in a.masks.items()
     ]
