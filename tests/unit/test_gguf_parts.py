@@ -73,39 +73,39 @@ def test_join_concatenates_the_slices_in_order(site: Path, tmp_path: Path) -> No
     assert [p.name for p in dest.parent.iterdir()] == ["model.gguf"]  # no partial file left
 
 
-def test_a_missing_part_names_it_and_the_install_command(site: Path, tmp_path: Path) -> None:
+def refused(site: Path, tmp_path: Path, match: str, **middle) -> None:
+    """Parts 1 and 3 installed as pip would; part 2 as `middle` says (`missing=True`: not at
+    all): the join fails with a line matching `match` and leaves nothing behind."""
     install(site, 1, SLICES[0])
+    if not middle.pop("missing", False):
+        install(site, 2, middle.pop("data", SLICES[1]), **middle)
     install(site, 3, SLICES[2])
-    with pytest.raises(UserError, match=r"fake-model-part2==0\.9\.0 is not installed.*make models"):
+    with pytest.raises(UserError, match=match):
         join(parts_for(), tmp_path / "out" / "model.gguf")
     assert_nothing_left(tmp_path / "out")
+
+
+FLIPPED = bytes([SLICES[1][0] ^ 1]) + SLICES[1][1:]
+
+
+def test_a_missing_part_names_it_and_the_install_command(site: Path, tmp_path: Path) -> None:
+    refused(
+        site, tmp_path, r"fake-model-part2==0\.9\.0 is not installed.*make models", missing=True
+    )
 
 
 def test_a_part_at_another_version_is_refused(site: Path, tmp_path: Path) -> None:
-    install(site, 1, SLICES[0])
-    install(site, 2, SLICES[1], version="0.8.0")
-    install(site, 3, SLICES[2])
-    with pytest.raises(UserError, match=r"part2 is installed at version 0\.8\.0.*pins 0\.9\.0"):
-        join(parts_for(), tmp_path / "out" / "model.gguf")
+    refused(site, tmp_path, r"part2 is installed at version 0\.8\.0.*pins 0\.9\.0", version="0.8.0")
 
 
 def test_a_flipped_byte_in_an_installed_slice_names_its_package(site: Path, tmp_path: Path) -> None:
-    install(site, 1, SLICES[0])
-    flipped = bytes([SLICES[1][0] ^ 1]) + SLICES[1][1:]
-    install(site, 2, flipped, recorded=SLICES[1])  # the wheel recorded the good bytes
-    install(site, 3, SLICES[2])
-    with pytest.raises(UserError, match=r"fake-model-part2==0\.9\.0.*--force-reinstall"):
-        join(parts_for(), tmp_path / "out" / "model.gguf")
-    assert_nothing_left(tmp_path / "out")
+    # the wheel recorded the good bytes
+    refused(site, tmp_path, r"fake-model-part2==0\.9\.0.*--force-reinstall", data=FLIPPED,
+            recorded=SLICES[1])  # fmt: skip
 
 
 def test_a_flipped_byte_without_a_recorded_hash_fails_the_hash(site: Path, tmp_path: Path) -> None:
-    install(site, 1, SLICES[0])
-    install(site, 2, bytes([SLICES[1][0] ^ 1]) + SLICES[1][1:], record=False)
-    install(site, 3, SLICES[2])
-    with pytest.raises(UserError, match=r"sha256 [0-9a-f]{64}, the config pins"):
-        join(parts_for(), tmp_path / "out" / "model.gguf")
-    assert_nothing_left(tmp_path / "out")
+    refused(site, tmp_path, r"sha256 [0-9a-f]{64}, the config pins", data=FLIPPED, record=False)
 
 
 def test_slices_in_the_wrong_order_fail_the_sha256(site: Path, tmp_path: Path) -> None:
