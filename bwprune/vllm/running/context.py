@@ -15,10 +15,15 @@ from typing import Any
 from bwprune.errors import UserError
 
 
+def _getter(config: Mapping | Any):
+    """Read a field of an HF config object or of its dict alike (None when absent)."""
+    return config.get if isinstance(config, Mapping) else lambda k: getattr(config, k, None)
+
+
 def kv_bytes_per_token(config: Mapping | Any, dtype_bytes: int, shards: int = 1) -> int:
     """Bytes of K and V one token holds across every layer (an HF config object or its dict), on
     one of `shards` tensor-parallel workers (each holds its share of the KV heads, at least one)."""
-    get = config.get if isinstance(config, Mapping) else lambda k: getattr(config, k, None)
+    get = _getter(config)
     heads = get("num_attention_heads")
     head_dim = get("head_dim") or get("hidden_size") // heads
     kv_heads = max(1, (get("num_key_value_heads") or heads) // shards)
@@ -31,7 +36,7 @@ def context_length(config: Mapping | Any, dtype_bytes: int, kv_cache_gib: float,
     """`requested` (`generation.vllm.max_model_len`) when set; else `needed` (longest prompt plus
     `max_new_tokens`) when known, else what `kv_cache_gib` holds (per worker, of `shards`); never
     past the model's own. `setting`: the config key of the KV cache's size, named in the error."""
-    get = config.get if isinstance(config, Mapping) else lambda k: getattr(config, k, None)
+    get = _getter(config)
     own = int(get("max_position_embeddings"))
     per_token = kv_bytes_per_token(config, dtype_bytes, shards)
     holds = int(kv_cache_gib * 2**30) // per_token
