@@ -2,8 +2,10 @@
 
 Tables and figures are built from these files only, never from W&B, so anyone with the results
 folder can rebuild them. Agreement with dense is computed here too: a run's final answers are
-compared with those of the dense run that matches it in everything but the method. Which runs
-enter is the caller's choice (`keys`); `committed_keys` gives the ones `make tables` uses.
+compared with those of the dense run that matches it in everything but the method, and so is the
+paired accounting of correct answers behind a table's McNemar test (`bwprune.report.significance`).
+Which runs enter is the caller's choice (`keys`); `committed_keys` gives the ones `make tables`
+uses.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
     once the shards are merged (`bwprune.runs.shards`). `settings` is the run's identity without the
     seed, `quality` apart (`measured`): quality only adds measurements to the same samples.
     """
-    rows, predictions, completions = [], {}, {}
+    rows, predictions, completions, outcomes = [], {}, {}, {}
     for path in sorted(Path(runs_dir).glob("*/*/*/*/run.json")):
         record = json.loads(path.read_text())
         cfg = yaml.safe_load((path.parent / "config.yaml").read_text())
@@ -93,7 +95,8 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
         rs = m.get("realized_sparsity") or {}
         quality = m.get("quality") or {}
         key = record["run_key"]
-        predictions[key], completions[key], cut = _samples(path.parent / "samples.jsonl")
+        read = _samples(path.parent / "samples.jsonl")
+        predictions[key], completions[key], outcomes[key], cut = read
         rows.append(
             {
                 "run_key": key,
@@ -142,6 +145,9 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
         for count in ("n", "problems", "correct", "unscorable"):
             runs[count] = runs[count].astype("Int64")
         runs["agreement"] = _agreement(runs, predictions)
+        paired = _against_dense(runs, outcomes)
+        for i, column in enumerate(("paired_problems", "only_method", "only_dense")):
+            runs[column] = pd.array([p[i] for p in paired], dtype="Int64")
         runs["completions"] = [completions[key] for key in runs["run_key"]]
         tta = _time_to_answer(runs, Path(runs_dir))
         runs["time_to_answer"] = [t[0] for t in tta]
@@ -198,24 +204,47 @@ def _time_to_answer(runs: pd.DataFrame, runs_dir: Path) -> list[tuple]:
     return out
 
 
-def _samples(samples_path: Path) -> tuple[dict, dict, float | None]:
-    """(index, sample) -> final answer, and -> a digest of the completion text: whether two runs
-    wrote the same completions (`report.control`) without holding every text in memory; and the
-    fraction of samples cut at the token limit (from the rows, so runs recorded before
-    `run.json` carried it have it too; None without samples)."""
+def _samples(samples_path: Path) -> tuple[dict, dict, dict, float | None]:
+    """(index, sample) -> final answer, -> a digest of the completion text (whether two runs
+    wrote the same completions, `report.control`, without holding every text in memory) and ->
+    whether it was correct (an unscorable sample is not); and the fraction of samples cut at the
+    token limit (from the rows, so runs recorded before `run.json` carried it have it too; None
+    without samples)."""
     predictions: dict = {}
     digests: dict = {}
+    correct: dict = {}
     cut = 0
     if not samples_path.exists():
-        return predictions, digests, None
+        return predictions, digests, correct, None
     for line in samples_path.read_text(encoding="utf-8").splitlines():
         s = json.loads(line)
         key = (s["index"], s.get("sample", 0))
         predictions[key] = s["prediction"]
+        correct[key] = bool(s.get("correct"))
         cut += s.get("finish_reason") == "length"
         if "completion" in s:
             digests[key] = hashlib.sha1(s["completion"].encode()).hexdigest()
-    return predictions, digests, cut / len(predictions) if predictions else None
+    return predictions, digests, correct, cut / len(predictions) if predictions else None
+
+
+def _against_dense(runs: pd.DataFrame, outcomes: dict) -> list[tuple]:
+    """Per run, (samples it shares with its matching dense run, samples only it answered
+    correctly, samples only dense answered correctly): the counts of an exact McNemar test
+    (`bwprune.report.significance`), which may be summed over seeds. None each where there is
+    no dense run (dense itself included: it is the reference) or no samples."""
+    dense = {r.pairing: r.run_key for r in runs.itertuples() if r.method == "dense"}
+    out = []
+    for r in runs.itertuples():
+        ref = dense.get(r.pairing)
+        mine, theirs = outcomes[r.run_key], outcomes.get(ref, {})
+        common = [k for k in mine if k in theirs]
+        if ref is None or ref == r.run_key or not common:
+            out.append((None, None, None))
+            continue
+        only_method = sum(mine[k] and not theirs[k] for k in common)
+        only_dense = sum(theirs[k] and not mine[k] for k in common)
+        out.append((len(common), only_method, only_dense))
+    return out
 
 
 def _agreement(runs: pd.DataFrame, predictions: dict) -> list[float | None]:

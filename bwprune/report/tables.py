@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from bwprune.report.accuracy import NOTE as ACCURACY_NOTE
+from bwprune.report.accuracy import accuracy_columns
 from bwprune.report.cells import check_cells, largest_evaluations
 from bwprune.report.control import MEASURES as CONTROL_MEASURES
 from bwprune.report.control import control_runs, protocol_runs
@@ -168,19 +170,49 @@ def main_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int = 4
     return _table(f"Main table (batch {batch_size}, target ρ = 0.5)", table, sel, note)
 
 
-def _speedups(sel: pd.DataFrame) -> pd.DataFrame:
-    """Per method: the paired per-step speedup over dense (mean of its runs' medians, and the
-    envelope of their spans: `bwprune.report.spans`) and the time-to-answer speedup, lengths
+# The accuracy table's rows, and the order its methods are listed in within a row group.
+ACCURACY_KEYS = ["benchmark", "model", "batch_size", "method"]
+
+
+def accuracy_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
+    """Every method at target ρ 0.5 at every batch size, one row per benchmark, model, batch
+    size and method: accuracy with its interval and its paired difference to dense (McNemar),
+    cut-off rate, realized sparsity (a) and (c), KL to dense, paired speedup with its span and
+    time-to-answer. The table the paper's claims are read from, in accuracy."""
+    sel = _at_target(defaults_only(runs, defaults))
+    sel = sel[sel["correct"].notna()]
+    check_cells(sel, ACCURACY_KEYS)
+    table = accuracy_columns(sel, ACCURACY_KEYS)
+    if not table.empty:
+        extra = sel.groupby(ACCURACY_KEYS, as_index=False).agg(
+            n=("n", "sum"), cut=("cut_off_rate", "mean"), KL=("kl", "mean"),
+            **{"(a) ffn": ("realized_ffn", "mean"), "(c) params": ("realized_params", "mean")},
+        )  # fmt: skip
+        table = extra.merge(table, on=ACCURACY_KEYS)
+        table = table.merge(_speedups(sel, ACCURACY_KEYS), on=ACCURACY_KEYS, how="left")
+        first = table["method"] != "dense"  # dense heads its group, the rest alphabetical
+        table = table.assign(_first=first).sort_values([*ACCURACY_KEYS[:3], "_first", "method"])
+        table = table.rename(columns={"batch_size": "B"})[
+            ["benchmark", "model", "B", "method", "n", "acc", "95 % CI", "Δ dense", "p", "cut",
+             "(a) ffn", "(c) params", "KL", "speedup (step)", "range", "time-to-answer"]
+        ]  # fmt: skip
+    note = f"{ACCURACY_NOTE} {SPEEDUP_NOTE}" + (f" {SPAN_NOTE}" if has_intervals(sel) else "")
+    return _table("Accuracy (target ρ = 0.5, every batch size)", table, sel, note)
+
+
+def _speedups(sel: pd.DataFrame, keys: Sequence[str] = ("model", "method")) -> pd.DataFrame:
+    """Per group of `keys`: the paired per-step speedup over dense (mean of its runs' medians, and
+    the envelope of their spans: `bwprune.report.spans`) and the time-to-answer speedup, lengths
     included."""
-    keys = ["model", "method"]
+    keys = list(keys)
     g = sel.groupby(keys, as_index=False).agg(
         speedup=("speedup_step", "mean"), tta=("time_to_answer", "mean")
     )
     spans = {k: span_cell(part, "speedup_step_low", "speedup_step_high")
              for k, part in sel.groupby(keys)}  # fmt: skip
-    g["range"] = [spans[k] for k in zip(g["model"], g["method"])]
+    g["range"] = [spans[k] for k in g[keys].itertuples(index=False, name=None)]
     return g.rename(columns={"speedup": "speedup (step)", "tta": "time-to-answer"})[
-        ["model", "method", "speedup (step)", "range", "time-to-answer"]
+        [*keys, "speedup (step)", "range", "time-to-answer"]
     ]
 
 
@@ -382,6 +414,7 @@ def all_tables(runs: pd.DataFrame, defaults: dict[str, str]) -> dict[str, Table]
         "matched_cost": matched_table(every, defaults),
         "batch_control": control_table(every, defaults),
         "main": main_table(cells, defaults),
+        "accuracy": accuracy_table(cells, defaults),
         "batch_size": batch_table(generation, defaults),
         "sparsity": sparsity_table(cells, defaults),
     }

@@ -1,0 +1,48 @@
+"""Accuracy as a table reports it: with its Wilson interval, and against dense on the same problems.
+
+One cell is one setting; its seeds are pooled as more problems (their correct answers and their
+McNemar counts are summed), never averaged as rates, so the interval and the p-value are those of
+every sample the cell holds. The counts come from `load_runs` (`correct`, `n`, and the paired
+`only_method` / `only_dense` against each run's matching dense run); the statistics from
+`bwprune.report.significance`. Pure pandas, no files.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from bwprune.report.significance import mcnemar_exact, wilson
+
+NOTE = (
+    "acc = correct / n with its 95 % Wilson interval [low, high]; Δ dense = accuracy minus the "
+    "matching dense run's on the same problems (the same batch size, seed and evaluation); "
+    "p = exact two-sided McNemar test on the problems exactly one of the two answered (seeds "
+    "pooled as more problems; bwprune/report/significance.py)."
+)
+
+
+def accuracy_columns(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per group of `keys`: `acc`, its interval `95 % CI`, `Δ dense` and McNemar `p`, from the
+    group's pooled counts (generation runs only: a run without `correct` is skipped)."""
+    scored = runs[runs["correct"].notna()]
+    rows = []
+    for key, cell in scored.groupby(keys, dropna=False):
+        correct, n = int(cell["correct"].sum()), int(cell["n"].sum())
+        low, high = wilson(correct, n)
+        paired = cell[cell["paired_problems"].notna()]
+        row = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        row.update({"acc": correct / n, "95 % CI": f"[{low:.2f}, {high:.2f}]"})
+        if paired.empty:
+            row.update({"Δ dense": None, "p": None})
+        else:
+            only_method, only_dense = (
+                int(paired["only_method"].sum()),
+                int(paired["only_dense"].sum()),
+            )
+            problems = int(paired["paired_problems"].sum())
+            row.update(
+                {"Δ dense": (only_method - only_dense) / problems,
+                 "p": mcnemar_exact(only_method, only_dense)}
+            )  # fmt: skip
+        rows.append(row)
+    return pd.DataFrame(rows, columns=[*keys, "acc", "95 % CI", "Δ dense", "p"])

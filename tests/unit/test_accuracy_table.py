@@ -1,0 +1,53 @@
+"""Accuracy with its interval and its paired test against dense, as the tables report them."""
+
+import pandas as pd
+import pytest
+
+from bwprune.report.accuracy import accuracy_columns
+from bwprune.report.collect import _against_dense
+from bwprune.report.selection import default_variants
+from bwprune.report.significance import mcnemar_exact, wilson
+from bwprune.report.tables import accuracy_table
+from tests.conftest import CONF_DIR
+
+
+def test_against_dense_counts_the_problems_only_one_side_answered():
+    runs = pd.DataFrame({"run_key": ["d", "m", "other"], "method": ["dense", "ours", "ours"],
+                         "pairing": ["p", "p", "q"]})  # fmt: skip
+    outcomes = {
+        "d": {(0, 0): True, (1, 0): True, (2, 0): False, (3, 0): False},
+        "m": {(0, 0): True, (1, 0): False, (2, 0): True, (3, 0): True, (9, 0): True},
+        "other": {(0, 0): True},  # no dense run of its pairing
+    }
+    # dense is the reference (no counts); sample 9 has no dense twin and is left out
+    assert _against_dense(runs, outcomes) == [(None,) * 3, (4, 2, 1), (None,) * 3]
+
+
+def test_a_cell_pools_its_seeds_as_more_problems():
+    keys = ["model", "method"]
+    runs = pd.DataFrame({
+        "model": ["m"] * 3, "method": ["dense", "ours", "ours"], "correct": [12, 3, 1],
+        "n": [20, 10, 10], "paired_problems": [None, 10, 10], "only_method": [None, 1, 0],
+        "only_dense": [None, 6, 7],
+    })  # fmt: skip
+    table = accuracy_columns(runs, keys).set_index("method")
+    assert table.loc["ours", "acc"] == pytest.approx(4 / 20)
+    low, high = wilson(4, 20)
+    assert table.loc["ours", "95 % CI"] == f"[{low:.2f}, {high:.2f}]"
+    assert table.loc["ours", "Δ dense"] == pytest.approx((1 - 13) / 20)
+    assert table.loc["ours", "p"] == pytest.approx(mcnemar_exact(1, 13))
+    assert pd.isna(table.loc["dense", "p"]) and table.loc["dense", "acc"] == pytest.approx(0.6)
+
+
+def test_the_accuracy_table_has_a_row_per_batch_size_with_dense_first(results_tree):
+    from bwprune.report.collect import load_runs
+
+    runs = load_runs(results_tree[0])
+    frame = accuracy_table(runs, default_variants(CONF_DIR, runs)).frame
+    assert not frame.empty
+    for _, group in frame.groupby(["benchmark", "model", "B"]):
+        if "dense" in set(group["method"]):
+            assert group["method"].iloc[0] == "dense"
+            assert group["p"].iloc[1:].notna().all()  # every method is paired with it
+    scored = runs[runs["correct"].notna()]
+    assert set(frame["B"]) == set(scored["batch_size"])
