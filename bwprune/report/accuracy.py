@@ -22,8 +22,8 @@ NOTE = (
 
 
 def accuracy_columns(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Per group of `keys`: `acc`, its interval `95 % CI`, `Δ dense` and McNemar `p`, from the
-    group's pooled counts (generation runs only: a run without `correct` is skipped)."""
+    """Per group of `keys`: `acc`, its 95 % interval `low`–`high`, `Δ dense` and McNemar `p`,
+    from the group's pooled counts (generation runs only: a run without `correct` is skipped)."""
     scored = runs[runs["correct"].notna()]
     rows = []
     for key, cell in scored.groupby(keys, dropna=False):
@@ -31,7 +31,7 @@ def accuracy_columns(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         low, high = wilson(correct, n)
         paired = cell[cell["paired_problems"].notna()]
         row = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
-        row.update({"acc": correct / n, "95 % CI": f"[{low:.2f}, {high:.2f}]"})
+        row.update({"acc": correct / n, "low": low, "high": high})
         if paired.empty:
             row.update({"Δ dense": None, "p": None})
         else:
@@ -45,4 +45,9 @@ def accuracy_columns(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
                  "p": mcnemar_exact(only_method, only_dense)}
             )  # fmt: skip
         rows.append(row)
-    return pd.DataFrame(rows, columns=[*keys, "acc", "95 % CI", "Δ dense", "p"])
+    return pd.DataFrame(rows, columns=[*keys, "acc", "low", "high", "Δ dense", "p"])
+
+
+def interval_cell(low: float, high: float) -> str:
+    """An interval as a table writes it."""
+    return f"[{low:.2f}, {high:.2f}]"

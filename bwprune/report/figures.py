@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
 
 from bwprune.report import pareto as pv
+from bwprune.report.accuracy import accuracy_columns
 from bwprune.report.cells import fullest
 from bwprune.report.stream import stream_pairs
 
@@ -93,6 +94,68 @@ def collapse(runs: pd.DataFrame, y: str = "agreement", rho: float = 0.5) -> Figu
 def accuracy_vs_realized_sparsity(runs: pd.DataFrame) -> Figure:
     """Accuracy against realized FFN sparsity (a): what each method pays for what it skips."""
     return metric_vs(runs, "realized_ffn", "accuracy", "realized FFN sparsity (a)", "accuracy")
+
+
+def accuracy_with_intervals(runs: pd.DataFrame, x: str, xlabel: str, title: str) -> Figure:
+    """Accuracy against `x` with each point's 95 % Wilson interval (seeds pooled,
+    `bwprune.report.accuracy`), one line per method, one panel per benchmark, model and
+    evaluation size measured at more than one `x`; dense as a band (its interval at each of its
+    `x`, or across the panel where it has one), the level a method keeps or loses.
+    The accuracy the paper's claims are made in, where a difference smaller than the intervals
+    is not one."""
+    runs = runs[runs["correct"].notna() & runs[x].notna()]
+    keys = ["benchmark", "model", "problems"]
+    pruned = runs[runs["method"] != "dense"]
+    swept = pruned.groupby(keys)[x].transform("nunique") > 1
+    panels = sorted(set(pruned[swept][keys].itertuples(index=False, name=None)))
+    fig = Figure(figsize=(6.0 * max(1, len(panels)), 3.8), layout="constrained")
+    axes = fig.subplots(1, max(1, len(panels)), squeeze=False)[0]
+    if not panels:
+        axes[0].text(0.5, 0.5, f"no method measured at more than one {xlabel}", ha="center")
+    colours = {m: f"C{i}" for i, m in enumerate(_methods(runs))}
+    for ax, (bench, model, n) in zip(axes, panels):
+        part = runs[(runs["benchmark"] == bench) & (runs["model"] == model)]
+        part = part[part["problems"] == n]
+        cells = accuracy_columns(part.assign(_x=part[x].round(4)), ["method", "_x"])
+        for method in _methods(cells):
+            line = cells[cells["method"] == method].sort_values("_x")
+            if method == "dense":
+                if len(line) == 1:
+                    ax.axhspan(line["low"].iloc[0], line["high"].iloc[0], color="0.85",
+                               label=f"dense {line['acc'].iloc[0]:.2f} (95 % CI)")  # fmt: skip
+                else:
+                    ax.fill_between(line["_x"], line["low"], line["high"], color="0.85",
+                                    label="dense (95 % CI)")  # fmt: skip
+                continue
+            error = [line["acc"] - line["low"], line["high"] - line["acc"]]
+            ax.errorbar(line["_x"], line["acc"], yerr=error, fmt="o-", capsize=3,
+                        color=colours[method], label=method)  # fmt: skip
+        ax.set(title=f"{bench}, {model}, {n} problems", xlabel=xlabel, ylabel="accuracy")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(title)
+    return fig
+
+
+def batch_sweep_accuracy(runs: pd.DataFrame, rho: float = 0.5) -> Figure:
+    """The collapse in accuracy: each method at target ρ against batch size, with intervals."""
+    at_rho = runs[(runs["method"] == "dense") | (runs["target_sparsity"] == rho)]
+    fig = accuracy_with_intervals(at_rho, "batch_size", "batch size",
+                                  f"Accuracy vs batch size (target ρ = {rho:g})")  # fmt: skip
+    for ax in fig.axes:
+        ax.set_xscale("log", base=2)
+        ax.get_xaxis().set_major_formatter("{x:g}")
+    return fig
+
+
+def accuracy_vs_realized_cost(runs: pd.DataFrame, batch_size: int = 4) -> Figure:
+    """Each method's accuracy across its ρ against the cost it realized (c), at one batch size."""
+    return accuracy_with_intervals(
+        runs[runs["batch_size"] == batch_size], "realized_params",
+        "realized cost (c): parameters skipped per decode token",
+        f"Accuracy vs realized cost (batch {batch_size})",
+    )  # fmt: skip
 
 
 def pareto(runs: pd.DataFrame, y: str) -> Figure:
