@@ -106,6 +106,10 @@ def test_figures_build(results_tree):
                 figures.drift(runs)):  # fmt: skip
         assert fig.axes
     assert figures.collapse(runs, "accuracy").axes[0].get_title().startswith("gsm8k")
+    sweep = figures.batch_sweep_accuracy(runs).axes[0]  # a line per method, dense a band
+    methods = {t.get_text() for t in sweep.get_legend().get_texts()}
+    assert "ours" in methods and any(m.startswith("dense") for m in methods)
+    assert figures.accuracy_vs_realized_cost(runs).axes
     speed = [
         {"batch_size": b, "method": m, "speedup_decode": {"median": s}, "ideal_bandwidth": 1.3}
         for b in (1, 4) for m, s in (("dense", 1.0), ("ours", 1.2))
