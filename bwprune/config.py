@@ -45,11 +45,12 @@ def by_batching(batching: str, static: Any, continuous: Any) -> Any:
 # traceback from float() or a batch size silently cut to 2. `NULLABLE` keys may also be null.
 INTEGERS = ("batch_size", "seed", "limit", "shard", "num_shards", "generation.max_new_tokens",
             "generation.num_samples", "speed.batches", "speed.repeats", "speed.max_repeats",
-            "speed.warmup", "cost.problems", "cost.max_trials", "cost.max_new_tokens")  # fmt: skip
+            "speed.warmup", "speed.max_steps", "cost.problems", "cost.max_trials",
+            "cost.max_new_tokens")  # fmt: skip
 NUMBERS = ("sparsity", "generation.temperature", "generation.top_p", "cost.target",
            "cost.tolerance", "cost.max_rho", "speed.half_width", "speed.confidence",
            "speed.budget_s")  # fmt: skip
-NULLABLE = ("limit", "cost.target")
+NULLABLE = ("limit", "cost.target", "speed.max_steps")
 AUTOMATIC = ("speed.budget_s",)  # may also be "auto": set from the run's size
 PAIRED = ("auto", "true", "false")  # speed.paired (YAML gives the last two as booleans)
 BATCHING = ("static", "continuous")  # generation.batching
@@ -111,6 +112,8 @@ def validate(cfg: DictConfig) -> None:
             f"speed.max_repeats={speed.max_repeats} must be >= speed.repeats={speed.repeats}, "
             f"speed.confidence={speed.confidence} between 0 and 1"
         )
+    if speed.get("max_steps") is not None and speed.max_steps < 1:
+        raise UserError(f"speed.max_steps={speed.max_steps} must be >= 1, or null (whole answers)")
     if cfg.model.dtype not in DTYPES:
         raise choices_error("model.dtype", cfg.model.dtype, DTYPES)
     if cfg.model.init not in ("pretrained", "random"):

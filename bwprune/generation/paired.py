@@ -41,14 +41,21 @@ def weight_bytes(model: nn.Module) -> dict:
     return {"read": read, "params": every}
 
 
-def own_forcing(completions: Sequence[Completion], pad_id: int, device: torch.device) -> Forcing:
-    """The completions as a reference to teacher-force: the same tokens, the same lengths."""
-    n = max(c.new_tokens for c in completions)
-    tokens = [c.token_ids + [pad_id] * (n - c.new_tokens) for c in completions]
-    return Forcing(
-        torch.tensor(tokens, device=device),
-        torch.tensor([c.new_tokens for c in completions], device=device),
-    )
+def timed_lengths(completions: Sequence[Completion], max_steps: int | None) -> list[int]:
+    """How many tokens of each completion a timed trial decodes: all of them, or the first
+    `max_steps` (`speed.max_steps`)."""
+    cap = max_steps if max_steps is not None else max(c.new_tokens for c in completions)
+    return [min(c.new_tokens, cap) for c in completions]
+
+
+def own_forcing(completions: Sequence[Completion], pad_id: int, device: torch.device,
+                max_steps: int | None = None) -> Forcing:  # fmt: skip
+    """The completions as a reference to teacher-force: the same tokens, the same lengths (each
+    cut to its first `max_steps` tokens when given)."""
+    lengths = timed_lengths(completions, max_steps)
+    n = max(lengths)
+    tokens = [c.token_ids[:k] + [pad_id] * (n - k) for c, k in zip(completions, lengths)]
+    return Forcing(torch.tensor(tokens, device=device), torch.tensor(lengths, device=device))
 
 
 @dataclass(frozen=True)
@@ -59,13 +66,16 @@ class PairedSettings:
     warmup: int  # untimed trials of each side first (allocation, compilation)
     precision: Precision  # how many timed pairs per batch: until the interval is tight
     auto_budget: bool = False  # `speed.budget_s: auto`: each batch's budget from the run's size
+    max_steps: int | None = None  # each trial decodes a row's first max_steps tokens at most
 
     @classmethod
     def from_config(cls, speed: Mapping) -> PairedSettings:
         """From a run's `speed` node; `budget_s: auto` leaves the budget to `for_batch`."""
         auto = str(speed["budget_s"]).lower() == "auto"
         node = {**speed, "budget_s": math.inf} if auto else speed
-        return cls(int(speed["batches"]), int(speed["warmup"]), Precision.from_config(node), auto)
+        steps = speed.get("max_steps")
+        return cls(int(speed["batches"]), int(speed["warmup"]), Precision.from_config(node), auto,
+                   None if steps is None else int(steps))  # fmt: skip
 
     def for_batch(self, generation_s: float, run_batches: int) -> Precision:
         """The stop rule for one timed batch that took `generation_s` to generate in a run of
@@ -124,7 +134,8 @@ class PairedTiming:
         batch's stop rule (`PairedSettings.for_batch`), else the settings' own; `progress`:
         hears every pair (`alternate_until`)."""
         start = time.perf_counter()
-        forced = own_forcing(completions, self.runner.pad_id, self.runner.device)
+        steps = self.settings.max_steps
+        forced = own_forcing(completions, self.runner.pad_id, self.runner.device, steps)
         sides = {"method": self.runner, "dense": self.dense}
         trials = {
             side: partial(_trial, runner, ids, attn, forced) for side, runner in sides.items()
@@ -134,7 +145,7 @@ class PairedTiming:
             trials, precision, self.settings.warmup, timed_ratios, progress
         )
         return {**results, "precision": stop, "weight_bytes": self.weight_bytes,
-                "overhead_s": time.perf_counter() - start}  # fmt: skip
+                "max_steps": steps, "overhead_s": time.perf_counter() - start}  # fmt: skip
 
 
 def _trial(runner: BatchedRunner, ids, attn, forced: Forcing) -> dict:

@@ -15,7 +15,7 @@ from bwprune.config import compose_config
 from bwprune.errors import UserError
 from bwprune.experiment import run
 from bwprune.generation import paired as paired_module
-from bwprune.generation.paired import PairedSettings, PairedTiming, pair_status
+from bwprune.generation.paired import PairedSettings, PairedTiming, own_forcing, pair_status
 from bwprune.generation.remeasure import remeasure, runs_without_interval
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
 from bwprune.generation.timing import Precision
@@ -135,6 +135,31 @@ def test_a_method_that_adds_work_times_below_dense():
     assert not any(m._forward_hooks for m in model.modules()), "the method left attached"
 
 
+def test_a_timed_trial_decodes_at_most_each_row_s_first_max_steps_tokens(monkeypatch):
+    """`speed.max_steps`: a long answer's batch is timed on its first tokens, not regenerated."""
+    model, tok = tiny_model("tiny_llama")
+    adapter = adapter_for(model)
+    runner = BatchedRunner(model, tok, PruningMethod(), adapter, SamplingConfig(12))
+    ids, attn = runner.encode(chat(tok, ["What is 2 + 3?", "Hi"]))
+    completions, _ = runner.generate_tokens(ids, attn)
+    forced = own_forcing(completions, runner.pad_id, runner.device, 5)
+    assert forced.lengths.tolist() == [min(c.new_tokens, 5) for c in completions]
+    for row, c in zip(forced.tokens.tolist(), completions):
+        assert row[: min(c.new_tokens, 5)] == c.token_ids[:5]
+    seen = []
+    real = BatchedRunner.generate_tokens
+
+    def spy(self, *args, forced=None, **kwargs):
+        seen.append(forced.lengths.tolist())
+        return real(self, *args, forced=forced, **kwargs)
+
+    monkeypatch.setattr(BatchedRunner, "generate_tokens", spy)
+    settings = PairedSettings(1, 1, Precision(2, 2, 0.03, 0.95, 60.0), max_steps=5)
+    entry = PairedTiming(runner, adapter, model, settings).measure(ids, attn, completions)
+    assert seen and all(max(lengths) <= 5 for lengths in seen)
+    assert entry["max_steps"] == 5
+
+
 def test_dense_against_itself_is_one_within_its_spread(tmp_path):
     cfg = compose_config(
         Path(CONF_DIR),
@@ -232,6 +257,8 @@ def test_bad_speed_settings_name_the_value(cfg_factory):
         run(cfg_factory(*TINY, "method=ours", "speed.paired=sometimes"))
     with pytest.raises(UserError, match=r"speed\.repeats=0"):
         run(cfg_factory(*TINY, "method=ours", "speed.repeats=0"))
+    with pytest.raises(UserError, match=r"speed\.max_steps=0 must be >= 1"):
+        run(cfg_factory(*TINY, "method=ours", "speed.max_steps=0"))
 
 
 def test_a_run_pairs_with_a_dense_run_recorded_before_engine_keys_and_late_options():

@@ -43,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 from bwprune.engine.ledger import SparsityLedger
 from bwprune.engine.protocol import MethodDriver
 from bwprune.errors import choices_error
-from bwprune.generation.paired import PairedSettings, weight_bytes
+from bwprune.generation.paired import PairedSettings, timed_lengths, weight_bytes
 from bwprune.generation.prepared import PreparedModel, prepare_loaded
 from bwprune.generation.prompts import batch_prompts
 from bwprune.generation.runner import BatchedRunner, BatchTiming, Completion
@@ -413,7 +413,8 @@ class VLLMPairedTiming:
                 progress: Callable[[dict], None] | None = None) -> dict:  # fmt: skip
         """The batch's `paired` entry, as `bwprune.generation.paired.PairedTiming.measure`'s."""
         start = time.perf_counter()
-        lengths = [c.new_tokens for c in completions]
+        steps = self.settings.max_steps
+        lengths = timed_lengths(completions, steps)
         sides = {"method": (self.runner, self.runner.driver),
                  "dense": (self.dense_runner, self.dense)}  # fmt: skip
         trials = {side: partial(self._trial, *s, ids, attn, lengths) for side, s in sides.items()}
@@ -422,7 +423,7 @@ class VLLMPairedTiming:
             trials, precision, self.settings.warmup, timed_ratios, progress
         )
         return {**results, "precision": stop, "weight_bytes": self.weight_bytes,
-                "overhead_s": time.perf_counter() - start}  # fmt: skip
+                "max_steps": steps, "overhead_s": time.perf_counter() - start}  # fmt: skip
 
     @staticmethod
     def _trial(runner: VLLMRunner, driver: EngineMethod, ids, attn, lengths: list[int]) -> dict:
