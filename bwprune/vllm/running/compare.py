@@ -26,7 +26,7 @@ runs no engine of its own
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -45,6 +45,7 @@ from bwprune.methods.base import Phase, Tokens
 from bwprune.methods.neuron_set import NeuronSetMethod
 from bwprune.methods.thresholds import ThresholdMethod
 from bwprune.models.loading import load_model
+from bwprune.vllm.running import ranks
 from bwprune.vllm.running.runner import EngineMethod, VLLMRunner
 
 SHARED = -1  # the key of a decode step's one batch-shared mask row
@@ -164,14 +165,17 @@ def request_rows(requests: list[str]) -> dict[str, int]:
 
 
 @contextmanager
-def forcing(vllm: VLLMRunner, tokens: list[list[int]], capture: Capture) -> Iterator[None]:
-    """vLLM's next token of each request is `tokens[row][i]`: its logits (kept in `capture`)
-    are replaced, before the sampler, by a vector that only the forced token tops."""
-    model, runner = vllm.model, vllm.model_runner
-    real, produced, width = model.compute_logits, {}, None
+def forcing(model, runner, width: int, tokens: list[list[int]], capture: Capture) -> Iterator[None]:
+    """vLLM's next token of each request is `tokens[row][i]`: its logits (the first `width`,
+    the vocabulary's, kept in `capture`) are replaced, before the sampler, by a vector that only
+    the forced token tops. `model`, `runner`: a worker's (in its own process under tensor
+    parallelism, where a rank that is not given the gathered logits gets None and passes it on)."""
+    real, produced = model.compute_logits, {}
 
-    def compute_logits(hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(hidden: torch.Tensor) -> torch.Tensor | None:
         logits = real(hidden)
+        if logits is None:
+            return None
         batch = runner.input_batch
         requests = list(batch.req_ids[: batch.num_reqs])
         rows = request_rows(model.bwprune_session.rows)
@@ -183,7 +187,6 @@ def forcing(vllm: VLLMRunner, tokens: list[list[int]], capture: Capture) -> Iter
             forced[j, tokens[row][i]] = 0.0
         return forced
 
-    width = vllm.prepared.model.config.vocab_size
     model.compute_logits = compute_logits
     try:
         yield
@@ -196,12 +199,13 @@ def hf_origin(driver: MethodDriver) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda slots: torch.tensor(driver.ledger.row_ids, device=slots.device)[slots]
 
 
-def vllm_origin(vllm: VLLMRunner, driver: MethodDriver) -> Callable[[torch.Tensor], torch.Tensor]:
+def vllm_origin(model, driver: MethodDriver) -> Callable[[torch.Tensor], torch.Tensor]:
     """vLLM's slots -> batch rows: slot s holds the request that started in the ledger's
-    `row_ids[s]`, the session's `rows` naming the request of each starting slot."""
+    `row_ids[s]`, the session's `rows` (of the worker's `model`) naming the request of each
+    starting slot."""
 
     def origin(slots: torch.Tensor) -> torch.Tensor:
-        started = vllm.model.bwprune_session.rows
+        started = model.bwprune_session.rows
         rows = request_rows(started)
         of_slot = [rows[started[s]] for s in driver.ledger.row_ids]
         return torch.tensor(of_slot, device=slots.device)[slots]
@@ -352,13 +356,68 @@ def compare_batch(hf: BatchedRunner, vllm: VLLMRunner, driver: EngineMethod,
         hf_out, _ = hf.generate_tokens(
             ids, attn, forced=forced, observe=lambda i, x: mine.observe(i, x, lengths)
         )
-    theirs = Capture(vllm_origin(vllm, driver.local))
-    with capturing(driver.local, theirs), forcing(vllm, tokens, theirs):
+    theirs = Capture(vllm_origin(vllm.model, driver.local))
+    width = vllm.prepared.model.config.vocab_size
+    with capturing(driver.local, theirs), forcing(vllm.model, vllm.model_runner, width, tokens,
+                                                  theirs):  # fmt: skip
         out, _ = vllm.generate_with(driver, ids, attn, lengths, hf.stop_ids.tolist())
     check_forced(tokens, hf_out, out)
     tally = compare_captures(mine, theirs)
     tally.ledgers_differing = sum(ledgers_differ(a.sparsity, b.sparsity)
                                   for a, b in zip(hf_out, out))  # fmt: skip
+    return tally
+
+
+def start_capture(worker, key: str, tokens: list[list[int]], width: int) -> None:
+    """In every worker (`LLM.collective_rpc`): record what its method `key` decides and force
+    `tokens`, until `stop_capture`."""
+    driver, model = ranks.driver(worker, key), worker.model_runner.model
+    capture = Capture(vllm_origin(model, driver))
+    stack = ExitStack()
+    stack.enter_context(capturing(driver, capture))
+    stack.enter_context(forcing(model, worker.model_runner, width, tokens, capture))
+    worker.bwprune_capture = capture, stack
+
+
+def stop_capture(worker) -> Capture:
+    """The worker's capture, its hooks removed (and its `origin`, a closure over the worker's
+    objects, dropped: the capture leaves the worker's process)."""
+    capture, stack = worker.bwprune_capture
+    stack.close()
+    del worker.bwprune_capture
+    capture.origin = None
+    return capture
+
+
+def captured(vllm: VLLMRunner, tokens: list[list[int]], ids: torch.Tensor, attn: torch.Tensor,
+             stop: list[int]) -> tuple[Capture, list[Completion]]:  # fmt: skip
+    """`tokens` forced through `vllm` at any tensor-parallel size: the first rank's capture
+    (every rank decides the same kept sets, `tp_select=global`, and the first is given the
+    logits) and the completions."""
+    width = vllm.prepared.model.config.vocab_size
+    vllm.rpc(start_capture, args=(vllm.driver.key, tokens, width))
+    try:
+        out, _ = vllm.generate_with(vllm.driver, ids, attn, [len(t) for t in tokens], stop)
+    finally:
+        capture = vllm.rpc(stop_capture)[0]
+    return capture, out
+
+
+def compare_sizes(hf: BatchedRunner, one: VLLMRunner, many: VLLMRunner, ids: torch.Tensor,
+                  attn: torch.Tensor) -> Tally:  # fmt: skip
+    """The batch's HF completions forced through vLLM at size 1 (`one`) and at its
+    tensor-parallel size (`many`): the size-N run's decisions, ledgers and logits against
+    size 1's, as `compare_batch` compares the HF loop with vLLM."""
+    reference, _ = hf.generate_tokens(ids, attn)
+    tokens = [c.token_ids for c in reference]
+    stop = hf.stop_ids.tolist()
+    (mine, one_out), (theirs, many_out) = (
+        captured(v, tokens, ids, attn, stop) for v in (one, many)
+    )
+    check_forced(tokens, one_out, many_out)
+    tally = compare_captures(mine, theirs)
+    tally.ledgers_differing = sum(ledgers_differ(a.sparsity, b.sparsity)
+                                  for a, b in zip(one_out, many_out))  # fmt: skip
     return tally
 
 
@@ -369,10 +428,11 @@ def check_forced(tokens: list[list[int]], *runs: list[Completion]) -> None:
             raise RuntimeError(f"teacher forcing failed: forced {tokens}, an engine ran {got}")
 
 
-def main(conf_dir: Path, overrides: list[str]) -> list[dict]:
+def main(conf_dir: Path, overrides: list[str], tensor_parallel: int = 1) -> list[dict]:
     """One method on a benchmark's selected problems (`subset`, `limit`), in batches of
     `batch_size` (a list, e.g. `batch_size=[1,8]`: each size on the same engine): per batch
-    size, the comparison of the two engines as a JSON-able dict."""
+    size, the comparison of the two engines as a JSON-able dict: the HF loop against vLLM's one
+    worker, or, with `tensor_parallel` N > 1, vLLM's one worker against N workers."""
     cfg = compose_config(conf_dir, overrides)
     sizes = list(cfg.batch_size) if OmegaConf.is_list(cfg.batch_size) else [cfg.batch_size]
     cfg.batch_size = max(int(b) for b in sizes)  # the engine's seats
@@ -382,12 +442,22 @@ def main(conf_dir: Path, overrides: list[str]) -> list[dict]:
     examples = select_examples(build(cfg.benchmark).examples(), cfg)
     prompts = batch_prompts(tokenizer, cfg.model, [(e, 0) for e in examples])
     longest = max(hf.encode([p])[0].shape[1] for p in prompts)
+    cfg.generation.vllm.tensor_parallel_size = 1
     vllm = VLLMRunner.for_run(cfg, prepared, hf, longest)
+    if tensor_parallel > 1:
+        cfg.generation.vllm.tensor_parallel_size = tensor_parallel
+        many = VLLMRunner.for_run(cfg, prepared, hf, longest)
+        compare, engines = (
+            partial(compare_sizes, hf, vllm, many),
+            f"vllm:1 vs vllm:{tensor_parallel}",
+        )
+    else:
+        compare, engines = partial(compare_batch, hf, vllm, vllm.driver), "hf vs vllm:1"
     lines = []
     for size in map(int, sizes):
         tally = Tally()
         for i in range(0, len(prompts), size):
-            tally.add(compare_batch(hf, vllm, vllm.driver, *hf.encode(prompts[i : i + size])))
-        lines.append({"method": str(cfg.method.name), "batch_size": size,
+            tally.add(compare(*hf.encode(prompts[i : i + size])))
+        lines.append({"method": str(cfg.method.name), "engines": engines, "batch_size": size,
                       "problems": len(examples), **asdict(tally)})  # fmt: skip
     return lines
