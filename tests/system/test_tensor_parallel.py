@@ -256,25 +256,38 @@ def test_a_server_on_two_workers_writes_one_ledger_line_per_request(tmp_path):
 AVX2_SITE = Path(__file__).resolve().parent / "vllm_avx2"  # vLLM's AVX2 kernels on any x86 CPU
 
 
-@pytest.mark.parametrize("kernels", ["native", "avx2"])
-def test_two_workers_part_from_one_only_in_near_ties_on_either_kernel_library(kernels, tmp_path):
-    """`scripts/compare_engines.py --tensor-parallel 2`: the same forced tokens through one
-    worker and two, decision by decision. vLLM loads an instruction-set-specific kernel library;
-    `avx2` forces the library of an AVX2-only CPU (tests/system/vllm_avx2), so both paths are
-    checked whichever CPU runs this (on a CPU without AVX-512 the two are the same)."""
-    env = dict(os.environ)
-    if kernels == "avx2":
-        if not torch.cpu._is_avx512_supported():
-            pytest.skip("this CPU has no AVX-512: its native kernels are vLLM's AVX2 ones")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(AVX2_SITE), env.get("PYTHONPATH")]))
+def compare_sizes(tmp_path: Path, *overrides: str, env: dict | None = None) -> dict:
+    """`scripts/compare_engines.py --tensor-parallel 2` on the tiny model: the same forced tokens
+    through one worker and two, decision by decision; its JSON line."""
     done = subprocess.run(
         [sys.executable, "scripts/compare_engines.py", "--tensor-parallel", "2",
-         *MODEL, *METHODS["ours"], "benchmark=gsm8k", "subset=[0,1,2,3]",
-         f"paths.results_dir={tmp_path}"],
+         *MODEL, *METHODS["ours"], "benchmark=gsm8k", "subset=[0,1,2,3,4,5]",
+         f"paths.results_dir={tmp_path}", *overrides],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     line = json.loads(done.stdout.strip().splitlines()[-1])
-    assert line["engines"] == "vllm:1 vs vllm:2" and line["same_forwards"], line
-    assert line["tokens"] > 0 and line["decisions"] > 0, line
+    assert line["same_forwards"] and line["tokens"] > 0 and line["decisions"] > 0, line
+    return line
+
+
+def test_two_workers_on_vllm_s_avx2_kernels_part_from_one_only_in_near_ties(tmp_path):
+    """vLLM loads an instruction-set-specific kernel library; on a CPU with AVX-512 this forces
+    the library an AVX2-only CPU gets (tests/system/vllm_avx2), so both libraries are checked
+    whichever CPU runs the suite (the other tests here run the native one)."""
+    if not torch.cpu._is_avx512_supported():
+        pytest.skip("this CPU has no AVX-512: vLLM's AVX2 kernels are its native ones")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(AVX2_SITE), env.get("PYTHONPATH")]))
+    line = compare_sizes(tmp_path, env=env)
+    assert line["engines"] == "vllm:1 vs vllm:2", line
+    assert line["differing_not_near_tie"] == 0 and line["float_disagreement"] < 1e-4, line
+
+
+def test_a_compiled_stream_on_two_workers_parts_from_one_only_in_near_ties(tmp_path):
+    """Continuous batching (3 seats for 6 prompts) in compiled engines: the stream's forwards
+    are compared one by one, as a static batch's."""
+    line = compare_sizes(tmp_path, "generation.batching=continuous", "batch_size=3",
+                         "generation.vllm.compile=true")  # fmt: skip
+    assert line["engines"] == "vllm:1 vs vllm:2 (stream)", line
     assert line["differing_not_near_tie"] == 0 and line["float_disagreement"] < 1e-4, line

@@ -45,6 +45,7 @@ from bwprune.methods.base import Phase, Tokens
 from bwprune.methods.neuron_set import NeuronSetMethod
 from bwprune.methods.thresholds import ThresholdMethod
 from bwprune.models.loading import load_model
+from bwprune.vllm.binding.session import Session, StreamSession
 from bwprune.vllm.running import ranks
 from bwprune.vllm.running.runner import EngineMethod, VLLMRunner
 
@@ -164,6 +165,18 @@ def request_rows(requests: list[str]) -> dict[str, int]:
     return {r: row for row, r in enumerate(ordered)}
 
 
+def stream_row(request: str) -> int:
+    """A stream's request id -> its row: `VLLMRunner.stream` adds prompt i as request i."""
+    return int(request.split("-", 1)[0])
+
+
+def rows_of(session: Session | StreamSession, requests: list[str]) -> dict[str, int]:
+    """The batch row of each of `requests`, in a static batch's session or a stream's."""
+    if isinstance(session, StreamSession):
+        return {r: stream_row(r) for r in requests}
+    return request_rows(session.rows)
+
+
 @contextmanager
 def forcing(model, runner, width: int, tokens: list[list[int]], capture: Capture) -> Iterator[None]:
     """vLLM's next token of each request is `tokens[row][i]`: its logits (the first `width`,
@@ -178,7 +191,7 @@ def forcing(model, runner, width: int, tokens: list[list[int]], capture: Capture
             return None
         batch = runner.input_batch
         requests = list(batch.req_ids[: batch.num_reqs])
-        rows = request_rows(model.bwprune_session.rows)
+        rows = rows_of(model.bwprune_session, requests)
         forced = torch.full_like(logits, float("-inf"))
         for j, r in enumerate(requests):
             row = rows[r]
@@ -200,14 +213,17 @@ def hf_origin(driver: MethodDriver) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def vllm_origin(model, driver: MethodDriver) -> Callable[[torch.Tensor], torch.Tensor]:
-    """vLLM's slots -> batch rows: slot s holds the request that started in the ledger's
-    `row_ids[s]`, the session's `rows` (of the worker's `model`) naming the request of each
-    starting slot."""
+    """vLLM's slots -> batch rows: in a static batch slot s holds the request that started in
+    the ledger's `row_ids[s]`, the session's `rows` (of the worker's `model`) naming the request
+    of each starting slot; in a stream, the request the session seated there."""
 
     def origin(slots: torch.Tensor) -> torch.Tensor:
-        started = model.bwprune_session.rows
-        rows = request_rows(started)
-        of_slot = [rows[started[s]] for s in driver.ledger.row_ids]
+        session = model.bwprune_session
+        if isinstance(session, StreamSession):  # a stream's slot holds its request while it runs
+            of_slot = [-1 if r is None else stream_row(r) for r in session.slots]
+        else:
+            rows = request_rows(session.rows)
+            of_slot = [rows[session.rows[s]] for s in driver.ledger.row_ids]
         return torch.tensor(of_slot, device=slots.device)[slots]
 
     return origin
@@ -390,29 +406,38 @@ def stop_capture(worker) -> Capture:
 
 
 def captured(vllm: VLLMRunner, tokens: list[list[int]], ids: torch.Tensor, attn: torch.Tensor,
-             stop: list[int]) -> tuple[Capture, list[Completion]]:  # fmt: skip
-    """`tokens` forced through `vllm` at any tensor-parallel size: the first rank's capture
-    (every rank decides the same kept sets, `tp_select=global`, and the first is given the
-    logits) and the completions."""
+             stop: list[int], stream: bool = False,
+             ) -> tuple[Capture, list[Completion]]:  # fmt: skip
+    """`tokens` forced through `vllm` at any tensor-parallel size, in a static batch or, with
+    `stream`, continuously batched through the engine's seats: the first rank's capture (every
+    rank decides the same kept sets, `tp_select=global`, and the first is given the logits) and
+    the completions, in row order."""
     width = vllm.prepared.model.config.vocab_size
     vllm.rpc(start_capture, args=(vllm.driver.key, tokens, width))
     try:
-        out, _ = vllm.generate_with(vllm.driver, ids, attn, [len(t) for t in tokens], stop)
+        if stream:
+            done: dict[int, Completion] = {}
+            prompts = [row[mask.bool()] for row, mask in zip(ids, attn)]
+            vllm.stream(prompts, lambda items, completions, _: done.update(zip(items, completions)))
+            out = [done[row] for row in range(len(prompts))]
+        else:
+            out, _ = vllm.generate_with(vllm.driver, ids, attn, [len(t) for t in tokens], stop)
     finally:
         capture = vllm.rpc(stop_capture)[0]
     return capture, out
 
 
 def compare_sizes(hf: BatchedRunner, one: VLLMRunner, many: VLLMRunner, ids: torch.Tensor,
-                  attn: torch.Tensor) -> Tally:  # fmt: skip
-    """The batch's HF completions forced through vLLM at size 1 (`one`) and at its
-    tensor-parallel size (`many`): the size-N run's decisions, ledgers and logits against
-    size 1's, as `compare_batch` compares the HF loop with vLLM."""
+                  attn: torch.Tensor, stream: bool = False) -> Tally:  # fmt: skip
+    """The HF completions of a batch (of a stream's every prompt, with `stream`) forced through
+    vLLM at size 1 (`one`) and at its tensor-parallel size (`many`): the size-N run's
+    decisions, ledgers and logits against size 1's, as `compare_batch` compares the HF loop with
+    vLLM."""
     reference, _ = hf.generate_tokens(ids, attn)
     tokens = [c.token_ids for c in reference]
     stop = hf.stop_ids.tolist()
     (mine, one_out), (theirs, many_out) = (
-        captured(v, tokens, ids, attn, stop) for v in (one, many)
+        captured(v, tokens, ids, attn, stop, stream) for v in (one, many)
     )
     check_forced(tokens, one_out, many_out)
     tally = compare_captures(mine, theirs)
@@ -442,22 +467,24 @@ def main(conf_dir: Path, overrides: list[str], tensor_parallel: int = 1) -> list
     examples = select_examples(build(cfg.benchmark).examples(), cfg)
     prompts = batch_prompts(tokenizer, cfg.model, [(e, 0) for e in examples])
     longest = max(hf.encode([p])[0].shape[1] for p in prompts)
+    stream = cfg.generation.batching == "continuous"
+    if stream and tensor_parallel == 1:
+        raise UserError("a stream (generation.batching=continuous) is compared between vLLM's "
+                        "sizes only: add --tensor-parallel N")  # fmt: skip
     cfg.generation.vllm.tensor_parallel_size = 1
     vllm = VLLMRunner.for_run(cfg, prepared, hf, longest)
     if tensor_parallel > 1:
         cfg.generation.vllm.tensor_parallel_size = tensor_parallel
         many = VLLMRunner.for_run(cfg, prepared, hf, longest)
-        compare, engines = (
-            partial(compare_sizes, hf, vllm, many),
-            f"vllm:1 vs vllm:{tensor_parallel}",
-        )
+        compare = partial(compare_sizes, hf, vllm, many, stream=stream)
+        engines = f"vllm:1 vs vllm:{tensor_parallel}" + " (stream)" * stream
     else:
         compare, engines = partial(compare_batch, hf, vllm, vllm.driver), "hf vs vllm:1"
     lines = []
     for size in map(int, sizes):
-        tally = Tally()
-        for i in range(0, len(prompts), size):
-            tally.add(compare(*hf.encode(prompts[i : i + size])))
+        tally, step = Tally(), len(prompts) if stream else size  # a stream takes every prompt
+        for i in range(0, len(prompts), step):
+            tally.add(compare(*hf.encode(prompts[i : i + step])))
         lines.append({"method": str(cfg.method.name), "engines": engines, "batch_size": size,
                       "problems": len(examples), **asdict(tally)})  # fmt: skip
     return lines
