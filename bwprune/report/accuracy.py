@@ -51,3 +51,9 @@ def accuracy_columns(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 def interval_cell(low: float, high: float) -> str:
     """An interval as a table writes it."""
     return f"[{low:.2f}, {high:.2f}]"
+
+
+def p_cell(p: float) -> str:
+    """A p-value as a table writes it: three decimals, and "< 0.001" below (an exact test's p is
+    never 0, which three decimals would show)."""
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"

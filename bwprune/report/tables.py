@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from bwprune.report.accuracy import NOTE as ACCURACY_NOTE
-from bwprune.report.accuracy import accuracy_columns, interval_cell
+from bwprune.report.accuracy import accuracy_columns, interval_cell, p_cell
 from bwprune.report.cells import check_cells, largest_evaluations
 from bwprune.report.control import MEASURES as CONTROL_MEASURES
 from bwprune.report.control import control_runs, protocol_runs
@@ -184,6 +184,7 @@ def accuracy_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
     check_cells(sel, ACCURACY_KEYS)
     table = accuracy_columns(sel, ACCURACY_KEYS)
     table["95 % CI"] = [interval_cell(lo, hi) for lo, hi in zip(table["low"], table["high"])]
+    table["p"] = [None if pd.isna(v) else p_cell(v) for v in table["p"]]
     if not table.empty:
         extra = sel.groupby(ACCURACY_KEYS, as_index=False).agg(
             n=("n", "sum"), cut=("cut_off_rate", "mean"), KL=("kl", "mean"),

@@ -51,3 +51,10 @@ def test_the_accuracy_table_has_a_row_per_batch_size_with_dense_first(results_tr
             assert group["p"].iloc[1:].notna().all()  # every method is paired with it
     scored = runs[runs["correct"].notna()]
     assert set(frame["B"]) == set(scored["batch_size"])
+
+
+def test_a_tiny_p_value_is_written_as_a_bound_not_as_zero():
+    from bwprune.report.accuracy import p_cell
+
+    assert p_cell(mcnemar_exact(1, 39)) == "< 0.001"
+    assert p_cell(mcnemar_exact(0, 7)) == "0.016"
