@@ -127,7 +127,11 @@ def accuracy_with_intervals(runs: pd.DataFrame, x: str, xlabel: str, title: str)
                     ax.fill_between(line["_x"], line["low"], line["high"], color="0.85",
                                     label="dense (95 % CI)")  # fmt: skip
                 continue
-            error = [line["acc"] - line["low"], line["high"] - line["acc"]]
+            # a Wilson bound at 0 or n correct can miss the rate by a rounding: never below 0
+            error = [
+                (line["acc"] - line["low"]).clip(lower=0),
+                (line["high"] - line["acc"]).clip(lower=0),
+            ]
             ax.errorbar(line["_x"], line["acc"], yerr=error, fmt="o-", capsize=3,
                         color=colours[method], label=method)  # fmt: skip
         ax.set(title=f"{bench}, {model}, {n} problems", xlabel=xlabel, ylabel="accuracy")
