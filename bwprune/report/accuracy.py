@@ -22,7 +22,8 @@ NOTE = (
 
 
 def accuracy_columns(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Per group of `keys`: `acc`, its 95 % interval `low`–`high`, `Δ dense` and McNemar `p`,
+    """Per group of `keys`: problems `n`, `acc`, its 95 % interval `low`–`high`, `Δ dense` and
+    McNemar `p`,
     from the group's pooled counts (generation runs only: a run without `correct` is skipped)."""
     scored = runs[runs["correct"].notna()]
     rows = []
@@ -31,7 +32,7 @@ def accuracy_columns(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         low, high = wilson(correct, n)
         paired = cell[cell["paired_problems"].notna()]
         row = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
-        row.update({"acc": correct / n, "low": low, "high": high})
+        row.update({"n": n, "acc": correct / n, "low": low, "high": high})
         if paired.empty:
             row.update({"Δ dense": None, "p": None})
         else:
@@ -45,7 +46,7 @@ def accuracy_columns(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
                  "p": mcnemar_exact(only_method, only_dense)}
             )  # fmt: skip
         rows.append(row)
-    return pd.DataFrame(rows, columns=[*keys, "acc", "low", "high", "Δ dense", "p"])
+    return pd.DataFrame(rows, columns=[*keys, "n", "acc", "low", "high", "Δ dense", "p"])
 
 
 def interval_cell(low: float, high: float) -> str:

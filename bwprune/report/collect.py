@@ -155,6 +155,12 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
     return runs
 
 
+def dense_runs(runs: pd.DataFrame) -> dict[str, str]:
+    """Pairing key -> the dense run of that pairing: every method run's reference
+    (`bwprune.runs.pairing`)."""
+    return {r.pairing: r.run_key for r in runs.itertuples() if r.method == "dense"}
+
+
 def _speedup_columns(speedup: dict | None) -> dict:
     """A run's paired speedup over dense (`bwprune.runs.speedup`): per-step median and its span
     (`step_span`: the interval where the run has one, else min-max), the pairs, whether they met
@@ -191,7 +197,7 @@ def _time_to_answer(runs: pd.DataFrame, runs_dir: Path) -> list[tuple]:
     """Time-to-answer speedup against the matching dense run, and its span at the ends of the
     per-step span (`bwprune.runs.speedup.time_to_answer`, `time_to_answer_span`): lengths from
     both runs, time only from this run's own paired measurement."""
-    dense = {r.pairing: r.run_key for r in runs.itertuples() if r.method == "dense"}
+    dense = dense_runs(runs)
     out = []
     for r in runs.itertuples():
         ref = dense.get(r.pairing)
@@ -232,7 +238,7 @@ def _against_dense(runs: pd.DataFrame, outcomes: dict) -> list[tuple]:
     correctly, samples only dense answered correctly): the counts of an exact McNemar test
     (`bwprune.report.significance`), which may be summed over seeds. None each where there is
     no dense run (dense itself included: it is the reference) or no samples."""
-    dense = {r.pairing: r.run_key for r in runs.itertuples() if r.method == "dense"}
+    dense = dense_runs(runs)
     out = []
     for r in runs.itertuples():
         ref = dense.get(r.pairing)
@@ -254,7 +260,7 @@ def _agreement(runs: pd.DataFrame, predictions: dict) -> list[float | None]:
     Two runs that both gave no answer (both cut at the token limit, say) do not agree on one:
     counting them would make agreement measure how often both stop mid-reasoning.
     """
-    dense = {r.pairing: r.run_key for r in runs.itertuples() if r.method == "dense"}
+    dense = dense_runs(runs)
     out = []
     for r in runs.itertuples():
         ref = dense.get(r.pairing)

@@ -170,7 +170,7 @@ def main_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int = 4
     return _table(f"Main table (batch {batch_size}, target ρ = 0.5)", table, sel, note)
 
 
-# The accuracy table's rows, and the order its methods are listed in within a row group.
+# One row of the accuracy table per these.
 ACCURACY_KEYS = ["benchmark", "model", "batch_size", "method"]
 
 
@@ -187,7 +187,7 @@ def accuracy_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
     table["p"] = [None if pd.isna(v) else p_cell(v) for v in table["p"]]
     if not table.empty:
         extra = sel.groupby(ACCURACY_KEYS, as_index=False).agg(
-            n=("n", "sum"), cut=("cut_off_rate", "mean"), KL=("kl", "mean"),
+            cut=("cut_off_rate", "mean"), KL=("kl", "mean"),
             **{"(a) ffn": ("realized_ffn", "mean"), "(c) params": ("realized_params", "mean")},
         )  # fmt: skip
         table = extra.merge(table, on=ACCURACY_KEYS)

@@ -377,11 +377,7 @@ def compare_batch(hf: BatchedRunner, vllm: VLLMRunner, driver: EngineMethod,
     with capturing(driver.local, theirs), forcing(vllm.model, vllm.model_runner, width, tokens,
                                                   theirs):  # fmt: skip
         out, _ = vllm.generate_with(driver, ids, attn, lengths, hf.stop_ids.tolist())
-    check_forced(tokens, hf_out, out)
-    tally = compare_captures(mine, theirs)
-    tally.ledgers_differing = sum(ledgers_differ(a.sparsity, b.sparsity)
-                                  for a, b in zip(hf_out, out))  # fmt: skip
-    return tally
+    return forced_tally(tokens, (mine, hf_out), (theirs, out))
 
 
 def start_capture(worker, key: str, tokens: list[list[int]], width: int) -> None:
@@ -439,10 +435,17 @@ def compare_sizes(hf: BatchedRunner, one: VLLMRunner, many: VLLMRunner, ids: tor
     (mine, one_out), (theirs, many_out) = (
         captured(v, tokens, ids, attn, stop, stream) for v in (one, many)
     )
-    check_forced(tokens, one_out, many_out)
-    tally = compare_captures(mine, theirs)
-    tally.ledgers_differing = sum(ledgers_differ(a.sparsity, b.sparsity)
-                                  for a, b in zip(one_out, many_out))  # fmt: skip
+    return forced_tally(tokens, (mine, one_out), (theirs, many_out))
+
+
+def forced_tally(tokens: list[list[int]], a: tuple[Capture, list[Completion]],
+                 b: tuple[Capture, list[Completion]]) -> Tally:  # fmt: skip
+    """Two runs forced through `tokens` (each its capture and completions), compared: their
+    decisions and logits (`compare_captures`), and how many rows' ledgers differ."""
+    check_forced(tokens, a[1], b[1])
+    tally = compare_captures(a[0], b[0])
+    tally.ledgers_differing = sum(ledgers_differ(x.sparsity, y.sparsity)
+                                  for x, y in zip(a[1], b[1]))  # fmt: skip
     return tally
 
 
