@@ -14,10 +14,11 @@ import pandas as pd
 from bwprune.report.significance import mcnemar_exact, wilson
 
 NOTE = (
-    "acc = correct / n with its 95 % Wilson interval [low, high]; Δ dense = accuracy minus the "
+    "Accuracy here pools a cell's seeds: n counts its samples, acc = correct / n with its 95 % "
+    "Wilson interval [low, high]; Δ dense = accuracy minus the "
     "matching dense run's on the same problems (the same batch size, seed and evaluation); "
-    "p = exact two-sided McNemar test on the problems exactly one of the two answered (seeds "
-    "pooled as more problems; bwprune/report/significance.py)."
+    "p = exact two-sided McNemar test on the problems exactly one of the two answered "
+    "(bwprune/report/significance.py)."
 )
 
 
@@ -47,6 +48,15 @@ def accuracy_columns(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
             )  # fmt: skip
         rows.append(row)
     return pd.DataFrame(rows, columns=[*keys, "n", "acc", "low", "high", "Δ dense", "p"])
+
+
+def accuracy_cells(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """`accuracy_columns` as a table shows them: `keys`, n, acc, its "95 % CI", Δ dense and p
+    (written by `interval_cell` and `p_cell`), for any table that reports accuracy."""
+    table = accuracy_columns(runs, keys)
+    table["95 % CI"] = [interval_cell(lo, hi) for lo, hi in zip(table["low"], table["high"])]
+    table["p"] = [None if pd.isna(v) else p_cell(v) for v in table["p"]]
+    return table[[*keys, "n", "acc", "95 % CI", "Δ dense", "p"]]
 
 
 def interval_cell(low: float, high: float) -> str:

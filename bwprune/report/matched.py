@@ -18,6 +18,7 @@ COLUMNS = {
     "cost_quantity": "quantity", "cost_target": "target", "target_sparsity": "ρ chosen",
     "cost_realized": "realized (calib.)", "realized_params": "(c)", "realized_ffn": "(a)",
     "kl": "KL", "nll_increase": "ΔNLL", "agreement": "agree", "accuracy": "acc",
+    "95 % CI": "95 % CI", "Δ dense": "Δ dense", "p": "p",  # from accuracy_cells
     "speedup_step": "step", "speedup_step_span": "step span", "time_to_answer": "TTA",
     "time_to_answer_span": "TTA span",
 }  # fmt: skip

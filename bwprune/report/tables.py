@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from bwprune.report.accuracy import NOTE as ACCURACY_NOTE
-from bwprune.report.accuracy import accuracy_columns, interval_cell, p_cell
+from bwprune.report.accuracy import accuracy_cells
 from bwprune.report.cells import check_cells, largest_evaluations
 from bwprune.report.control import MEASURES as CONTROL_MEASURES
 from bwprune.report.control import control_runs, protocol_runs
@@ -182,9 +182,7 @@ def accuracy_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
     sel = _at_target(defaults_only(runs, defaults))
     sel = sel[sel["correct"].notna()]
     check_cells(sel, ACCURACY_KEYS)
-    table = accuracy_columns(sel, ACCURACY_KEYS)
-    table["95 % CI"] = [interval_cell(lo, hi) for lo, hi in zip(table["low"], table["high"])]
-    table["p"] = [None if pd.isna(v) else p_cell(v) for v in table["p"]]
+    table = accuracy_cells(sel, ACCURACY_KEYS)
     if not table.empty:
         extra = sel.groupby(ACCURACY_KEYS, as_index=False).agg(
             cut=("cut_off_rate", "mean"), KL=("kl", "mean"),
@@ -198,7 +196,7 @@ def accuracy_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
             ["benchmark", "model", "B", "method", "n", "acc", "95 % CI", "Δ dense", "p", "cut",
              "(a) ffn", "(c) params", "KL", "speedup (step)", "range", "time-to-answer"]
         ]  # fmt: skip
-    note = f"{ACCURACY_NOTE} {SPEEDUP_NOTE}" + (f" {SPAN_NOTE}" if has_intervals(sel) else "")
+    note = f"{SPEEDUP_NOTE} {ACCURACY_NOTE}" + (f" {SPAN_NOTE}" if has_intervals(sel) else "")
     return _table("Accuracy (target ρ = 0.5, every batch size)", table, sel, note)
 
 
@@ -257,12 +255,13 @@ def ablation_table(runs: pd.DataFrame, defaults: dict[str, str], argument: str) 
     same = [d is None or others(v) == others(d) for v, d in zip(sel["variant"], default)]
     sel = sel[row_mask(sel, same)].copy()
     sel[argument] = [str(json.loads(v).get(argument)) for v in sel["variant"]]
-    columns = {"problems": "n", "accuracy": "acc", "agreement": "agree", "kl": "KL",
-               "realized_ffn": "(a) ffn", "realized_ffn_sparse_steps": "(b) ffn"}  # fmt: skip
+    columns = {"agreement": "agree", "kl": "KL", "realized_ffn": "(a) ffn",
+               "realized_ffn_sparse_steps": "(b) ffn"}  # fmt: skip
     keys = ["benchmark", "model", "batch_size", "target_sparsity", argument]
-    how = {c: "min" if c == "problems" else "mean" for c in columns}  # n stays a count
-    table = sel.groupby(keys, as_index=False).agg(how).rename(columns=columns)
-    return _table(f"Ablation: {argument}", table, sel)
+    table = sel.groupby(keys, as_index=False, dropna=False).agg(dict.fromkeys(columns, "mean"))
+    table = table.rename(columns=columns).merge(accuracy_cells(sel, keys), on=keys, how="left")
+    table = table[[*keys, "n", "acc", "95 % CI", "Δ dense", "p", *columns.values()]]
+    return _table(f"Ablation: {argument}", table, sel, f"{FOOTNOTE} {ACCURACY_NOTE}")
 
 
 # Pareto table columns: load_runs column -> short label.
@@ -329,9 +328,10 @@ def matched_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
         "(the benchmark's last `cost.problems` not evaluated), within `cost.tolerance` of the "
         "target; (c) and (a): what it realized on the evaluated problems. step = paired per-step "
         "speedup over dense; TTA = time-to-answer speedup over the matching dense run (runs with "
-        f"a paired timing only); their spans: {SPAN_NOTE} " + FOOTNOTE
+        f"a paired timing only); their spans: {SPAN_NOTE} " + FOOTNOTE + f" {ACCURACY_NOTE}"
     )
-    frame = matched_frame(with_spans(sel))
+    cells = accuracy_cells(sel, ["run_key"]).drop(columns=["n", "acc"])
+    frame = matched_frame(with_spans(sel).merge(cells, on="run_key", how="left"))
     return _table("Matched cost: each method at one realized cost", frame, sel, note)
 
 

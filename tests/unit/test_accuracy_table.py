@@ -58,3 +58,29 @@ def test_a_tiny_p_value_is_written_as_a_bound_not_as_zero():
 
     assert p_cell(mcnemar_exact(1, 39)) == "< 0.001"
     assert p_cell(mcnemar_exact(0, 7)) == "0.016"
+
+
+def test_an_ablation_cell_pools_only_runs_that_differ_in_its_argument(results_tree):
+    """The memory ablation reports accuracy as the accuracy table does (pooled counts, Wilson
+    interval, McNemar p against dense), from the runs that differ from ours' defaults in memory
+    only: a run that also changed t_init is in neither cell."""
+    import json
+
+    from bwprune.report.collect import load_runs
+    from bwprune.report.tables import ablation_table
+
+    runs = load_runs(results_tree[0])
+    defaults = default_variants(CONF_DIR, runs)
+    ours = runs[(runs["method"] == "ours") & (runs["batch_size"] == 2)]
+    other = ours.iloc[[0]].assign(run_key="other", correct=ours["n"].iloc[0], only_method=9,
+                                  variant=lambda f: [json.dumps({**json.loads(v), "t_init": 0})
+                                                     for v in f["variant"]])  # fmt: skip
+    frame = ablation_table(pd.concat([runs, other]), defaults, "memory").frame
+    assert {"n", "acc", "95 % CI", "Δ dense", "p"} <= set(frame.columns)
+    for _, row in frame[frame["batch_size"] == 2].iterrows():
+        run = ours[[f'"memory": {row["memory"].lower()}' in v for v in ours["variant"]]]
+        assert len(run) == 1 and row["n"] == run["n"].iloc[0]
+        correct, n = int(run["correct"].iloc[0]), int(run["n"].iloc[0])
+        assert row["95 % CI"] == "[{:.2f}, {:.2f}]".format(*wilson(correct, n))
+        only = int(run["only_method"].iloc[0]), int(run["only_dense"].iloc[0])
+        assert float(row["p"]) == pytest.approx(mcnemar_exact(*only), abs=5e-4)
