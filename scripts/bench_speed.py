@@ -84,7 +84,7 @@ def main(overrides: list[str]) -> None:
     if "vllm" in parts:  # last: vLLM's engine stays in this process once started
         v = bench.vllm
         record["vllm"], how = vllm_part(cfg, overrides, model, tokenizer, v.engines, v.methods,
-                                        list(v.batch_sizes))  # fmt: skip
+                                        list(v.batch_sizes), v.hf_loop)  # fmt: skip
         text += f"vLLM ({how}, in this process):\n\n{markdown_table(record['vllm'])}\n"
         text += f"\n{phase_table(record['vllm'])}\n"
     if "vllm_tp" in parts:
@@ -113,11 +113,13 @@ def main(overrides: list[str]) -> None:
 
 
 def vllm_part(cfg, overrides: list[str], model: nn.Module, tokenizer, engine_specs: Mapping,
-              method_specs: Mapping, batch_sizes: list[int]) -> tuple[list[dict], str]:  # fmt: skip
-    """Dense in our HF loop and in vLLM, and `method_specs` (label -> overrides) in vLLM, at
-    `batch_sizes`, in each of `engine_specs` (label -> `generation.vllm` overrides); and how vLLM
-    ran. A method that edits weights (TriSP's smaller model) is prepared on a copy of the model
-    loaded again and runs in engines of its own, timed against dense vLLM as the others are."""
+              method_specs: Mapping, batch_sizes: list[int],
+              hf_loop: bool = True) -> tuple[list[dict], str]:  # fmt: skip
+    """Dense in our HF loop (unless not `hf_loop`) and in vLLM, and `method_specs` (label ->
+    overrides) in vLLM, at `batch_sizes`, in each of `engine_specs` (label -> `generation.vllm`
+    overrides); and how vLLM ran. A method that edits weights (TriSP's smaller model) is
+    prepared on a copy of the model loaded again and runs in engines of its own, timed against
+    dense vLLM as the others are."""
     from bwprune.generation.prepared import prepare_loaded
     from bwprune.generation.runner import SamplingConfig
     from bwprune.vllm.running.runner import VLLMRunner
@@ -159,6 +161,7 @@ def vllm_part(cfg, overrides: list[str], model: nn.Module, tokenizer, engine_spe
     rows = measure_vllm(
         engines, methods, batch_sizes, Precision.from_config(bench),
         bench.new_tokens, bench.prompt_len, bench.warmup, cfg.seed, log=print, own=own,
+        hf_loop=hf_loop,
     )  # fmt: skip
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     how = ", ".join(f"{label}: {'compiled' if e.compiled else 'eager'}{cores(e)}"

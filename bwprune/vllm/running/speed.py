@@ -44,19 +44,19 @@ def measure_vllm(
     seed: int,
     log: Callable[[str], None] = lambda _: None,
     own: Mapping[str, Mapping[str, VLLMRunner]] | None = None,
+    hf_loop: bool = True,
 ) -> list[dict]:
     """Rows as `bwprune.generation.speed.measure`'s: `methods` (prepared on the engines' HF
     model; "dense" among them) run in each vLLM engine (label -> engine: rows
     `<method>@<label>`, speedups against `dense@<label>`), and dense in the HF loop, at every
     batch size. `own`: method label -> engines of its own (label -> engine, as `engines`), for a
     method that changed its model (TriSP): rows `<method>@<label>` against `dense@<label>` too,
-    its realized sparsity relative to the model as loaded."""
+    its realized sparsity relative to the model as loaded. `hf_loop=False` leaves dense in the HF
+    loop out: where the HF model's weights and vLLM's do not both fit in memory (the 1.5B's on
+    24 GiB), running it pages the mapped weights and every trial's time with them."""
     engine = next(iter(engines.values()))
     prepared = engine.prepared
     model, adapter, device = prepared.model, prepared.adapter, engine.device
-    hf = BatchedRunner(model, prepared.tokenizer, methods["dense"], adapter,
-                       SamplingConfig(new_tokens, ignore_eos=True),
-                       ledger=SparsityLedger(adapter, device))  # fmt: skip
     drivers = {f"{label}@{name}": (e, e.driver_for(e.method, SparsityLedger(adapter, device)))
                for label, mine in (own or {}).items() for name, e in mine.items()}  # fmt: skip
     drivers |= {f"{label}@{name}": (e, e.driver_for(m, SparsityLedger(adapter, device)))
@@ -67,9 +67,13 @@ def measure_vllm(
     for batch in batch_sizes:
         ids = torch.randint(3, vocab, (batch, prompt_len), generator=gen).to(device)
         attn = torch.ones_like(ids)
-        trials = {"dense": partial(run_once, hf, ids, attn)}
-        trials |= {label: partial(_vllm_once, e, d, ids, attn, new_tokens)
-                   for label, (e, d) in drivers.items()}  # fmt: skip
+        trials = {label: partial(_vllm_once, e, d, ids, attn, new_tokens)
+                  for label, (e, d) in drivers.items()}  # fmt: skip
+        if hf_loop:
+            hf = BatchedRunner(model, prepared.tokenizer, methods["dense"], adapter,
+                               SamplingConfig(new_tokens, ignore_eos=True),
+                               ledger=SparsityLedger(adapter, device))  # fmt: skip
+            trials = {"dense": partial(run_once, hf, ids, attn), **trials}
         timed = timed_rows(batch, trials, precision, warmup, weight_bytes(model),
                            lambda line: log(f"vLLM {line}"))  # fmt: skip
         rows += sorted(timed, key=lambda row: row["method"].split("@")[0] in (own or {}))
