@@ -47,7 +47,9 @@ def accuracy_columns(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
                  "p": mcnemar_exact(only_method, only_dense)}
             )  # fmt: skip
         rows.append(row)
-    return pd.DataFrame(rows, columns=[*keys, "n", "acc", "low", "high", "Δ dense", "p"])
+    frame = pd.DataFrame(rows, columns=[*keys, "n", "acc", "low", "high", "Δ dense", "p"])
+    # no scored run: still keyed as `runs` is, so a table can merge it with the runs' other columns
+    return frame.astype(runs[keys].dtypes.to_dict()) if frame.empty else frame
 
 
 def accuracy_cells(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
