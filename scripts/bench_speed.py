@@ -2,15 +2,18 @@
 
 python scripts/bench_speed.py [config overrides, e.g. model=tiny_llama bench.batch_sizes=[1]]
 
-Six measurements (`bench.parts`), each alternated and repeated in this one process
+Seven measurements (`bench.parts`), each alternated and repeated in one process
 (conf/bench/default.yaml): the methods on the configured model under every engine (eager,
 compiled), the per-step overhead on a thin 28-layer model (eager vs compiled), live-row
 compaction on a batch whose rows stop at very different lengths, static vs continuous
-batching of a heavy-tailed workload, vLLM (dense HF loop vs dense vLLM, methods in vLLM), and
-vLLM on tensor-parallel workers (one engine per size, on a model whose heads divide by them).
+batching of a heavy-tailed workload, the vLLM part on each real model (in a process of its own
+per model, so that one model's memory is freed before the next loads), vLLM (dense HF loop vs
+dense vLLM, methods in vLLM), and vLLM on tensor-parallel workers (one engine per size, on a
+model whose heads divide by them).
 """
 
 import json
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,7 +35,7 @@ from bwprune.report.speed_table import compaction_line, markdown_table, phase_ta
 from bwprune.runs.provenance import provenance
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("methods", "overhead", "compaction", "stream", "vllm", "vllm_tp")
+PARTS = ("methods", "overhead", "compaction", "stream", "vllm_models", "vllm", "vllm_tp")
 
 
 def main(overrides: list[str]) -> None:
@@ -81,6 +84,15 @@ def main(overrides: list[str]) -> None:
             warmup=bench.warmup, seed=cfg.seed,
         )  # fmt: skip
         text += f"\n{stream_line(record['stream'])}\n"
+    device = str(next(model.parameters()).device)
+    if "vllm_models" in parts:  # before vLLM starts here: each model's part has the memory
+        record["vllm_models"] = {}
+        for name in bench.vllm_models.models:
+            rows, how = model_part(name, bench.vllm_models, overrides, cfg.paths.results_dir,
+                                   device)  # fmt: skip
+            record["vllm_models"][name] = rows
+            text += f"vLLM on {name} ({how}):\n\n"
+            text += f"{markdown_table(rows)}\n\n{phase_table(rows)}\n" if rows else "\n"
     if "vllm" in parts:  # last: vLLM's engine stays in this process once started
         v = bench.vllm
         record["vllm"], how = vllm_part(cfg, overrides, model, tokenizer, v.engines, v.methods,
@@ -99,10 +111,7 @@ def main(overrides: list[str]) -> None:
             f"vLLM on tensor-parallel workers ({tp.model}, {how}; tp<n>: n workers):\n\n"
             f"{markdown_table(record['vllm_tp'])}\n\n{phase_table(record['vllm_tp'])}\n"
         )
-    device = str(next(model.parameters()).device)
-    key = f"{cfg.model.name}_{device.split(':')[0]}_{torch.get_num_threads()}t"
-    if set(parts) != set(PARTS):
-        key += "_" + "_".join(p for p in PARTS if p in parts)
+    key = record_key(cfg.model.name, device, parts)
     record = {"key": key, **record, "provenance": provenance(cfg.seed, device)}
     out = Path(cfg.paths.results_dir) / "speed"
     out.mkdir(parents=True, exist_ok=True)
@@ -110,6 +119,36 @@ def main(overrides: list[str]) -> None:
     (out / f"{key}.md").write_text(f"# Speed: {key}\n\n{text}")
     print(text)
     print(f"wrote {out / key}.json and .md")
+
+
+def record_key(model: str, device: str, parts: list[str]) -> str:
+    """The name of a record: model, device, threads, and its parts unless it has all."""
+    key = f"{model}_{device.split(':')[0]}_{torch.get_num_threads()}t"
+    return key if set(parts) == set(PARTS) else key + "_" + "_".join(p for p in PARTS if p in parts)
+
+
+def model_part(name: str, spec, overrides: list[str], results_dir: str,
+               device: str) -> tuple[list[dict], str]:  # fmt: skip
+    """The vLLM part on model `name` (`bench.vllm_models`), run by this script in a process of
+    its own: its rows and how it ran (its record, results/speed/<name>_..._vllm.json, stays).
+    This run's other overrides go with it, but for the keys the part sets. A model that is not
+    installed is a line in the record, not the end of a bench that has run for an hour."""
+    mine = [
+        f"model={name}", "bench.parts=[vllm]", f"bench.vllm.batch_sizes={list(spec.batch_sizes)}",
+        f"bench.new_tokens={spec.new_tokens}", f"bench.vllm.hf_loop={str(spec.hf_loop).lower()}",
+        *spec.overrides,
+    ]  # fmt: skip
+    set_here = {o.split("=")[0].lstrip("~+") for o in mine} | {"bench.vllm_models"}
+    passed = [o for o in overrides if not o.split("=")[0].lstrip("~+").startswith(
+        tuple(set_here))]  # fmt: skip
+    command = [sys.executable, str(Path(__file__).resolve()), *passed, *mine]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        print(f"vLLM on {name}: not measured ({why})")
+        return [], f"not measured: {why}"
+    path = Path(results_dir) / "speed" / f"{record_key(name, device, ['vllm'])}.json"
+    return json.loads(path.read_text())["vllm"], f"its own process, record {path.name}"
 
 
 def vllm_part(cfg, overrides: list[str], model: nn.Module, tokenizer, engine_specs: Mapping,
