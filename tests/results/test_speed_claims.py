@@ -39,7 +39,8 @@ RUN = "gsm8k/smollm2_135m/{}_seed=0_{}"
 
 
 def main(method: str) -> tuple:
-    return ("main", {"method": method}, "range")
+    """The main table's SmolLM2 row (the table has a row per model at batch 4)."""
+    return ("main", {"model": "smollm2_135m", "method": method}, "range")
 
 
 def matched(batch: int, method: str, column: str) -> tuple:
