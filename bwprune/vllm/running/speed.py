@@ -57,6 +57,9 @@ def measure_vllm(
     engine = next(iter(engines.values()))
     prepared = engine.prepared
     model, adapter, device = prepared.model, prepared.adapter, engine.device
+    hf = BatchedRunner(model, prepared.tokenizer, methods["dense"], adapter,
+                       SamplingConfig(new_tokens, ignore_eos=True),
+                       ledger=SparsityLedger(adapter, device)) if hf_loop else None  # fmt: skip
     drivers = {f"{label}@{name}": (e, e.driver_for(e.method, SparsityLedger(adapter, device)))
                for label, mine in (own or {}).items() for name, e in mine.items()}  # fmt: skip
     drivers |= {f"{label}@{name}": (e, e.driver_for(m, SparsityLedger(adapter, device)))
@@ -67,13 +70,9 @@ def measure_vllm(
     for batch in batch_sizes:
         ids = torch.randint(3, vocab, (batch, prompt_len), generator=gen).to(device)
         attn = torch.ones_like(ids)
-        trials = {label: partial(_vllm_once, e, d, ids, attn, new_tokens)
-                  for label, (e, d) in drivers.items()}  # fmt: skip
-        if hf_loop:
-            hf = BatchedRunner(model, prepared.tokenizer, methods["dense"], adapter,
-                               SamplingConfig(new_tokens, ignore_eos=True),
-                               ledger=SparsityLedger(adapter, device))  # fmt: skip
-            trials = {"dense": partial(run_once, hf, ids, attn), **trials}
+        trials = {"dense": partial(run_once, hf, ids, attn)} if hf else {}
+        trials |= {label: partial(_vllm_once, e, d, ids, attn, new_tokens)
+                   for label, (e, d) in drivers.items()}  # fmt: skip
         timed = timed_rows(batch, trials, precision, warmup, weight_bytes(model),
                            lambda line: log(f"vLLM {line}"))  # fmt: skip
         rows += sorted(timed, key=lambda row: row["method"].split("@")[0] in (own or {}))
