@@ -10,6 +10,8 @@ are vLLM's own Llama and Qwen2 models with two additions:
   neurons' rows (`neuron_rows`, the layout a refresh gathers from; the original then goes). That
   holds the MLP twice, so an engine for a method that never slices
   (`additional_config={"bwprune": {"rows": False}}`) keeps only their shapes;
+- each checkpoint tensor's file pages leave the process once vLLM has copied it
+  (`bwprune.models.file_pages`): the load otherwise holds the mapped file beside the weights;
 - on CPU, an output matrix of its own is packed for oneDNN and kept as loaded too, and the input
   embedding is packed for a matmul it never runs (vLLM packs every vocabulary layer alike): with
   untied embeddings the plugin skips the embedding's pack and drops the output matrix once packed,
@@ -36,6 +38,7 @@ from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.platforms import current_platform
 
 from bwprune.errors import UserError
+from bwprune.models.file_pages import released
 from bwprune.models.sliced_mlp import neuron_rows
 from bwprune.vllm.binding.ffn_route import route
 from bwprune.vllm.binding.widths import WidthsForCausalLM
@@ -76,7 +79,7 @@ class _Hosted:
             untie_packs(self.model.embed_tokens, self.lm_head)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        loaded = super().load_weights(weights)
+        loaded = super().load_weights(released(weights))
         keep = (lambda w: w) if self.bwprune_rows else (lambda w: w.to("meta"))
         self.bwprune_weights = [
             (keep(layer.mlp.gate_up_proj.weight), keep(neuron_rows(layer.mlp.down_proj.weight)))
