@@ -53,21 +53,28 @@ class FilePages:
         self.enabled = sys.platform.startswith("linux")
         self._ranges: list[tuple[int, int]] = []
 
+    def mapped(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor`'s bytes lie in a private file mapping."""
+        return self._bounds(tensor) is not None
+
     def release(self, tensor: torch.Tensor) -> bool:
         """Drop the pages of `tensor`'s bytes (rounded out to whole pages, within its mapping)
         from the resident set; False, touching nothing, unless they lie in a file mapping."""
-        if not self.enabled or tensor.device.type != "cpu" or tensor.numel() == 0:
+        bounds = self._bounds(tensor)
+        if bounds is None:
             return False
         start = tensor.data_ptr()
         end = start + tensor.numel() * tensor.element_size()
-        bounds = self._mapping(start, end)
-        if bounds is None:
-            return False
         page = mmap.PAGESIZE
         low, high = max(start // page * page, bounds[0]), min(-(-end // page) * page, bounds[1])
         return _madvise()(low, high - low, MADV_DONTNEED) == 0
 
-    def _mapping(self, start: int, end: int) -> tuple[int, int] | None:
+    def _bounds(self, tensor: torch.Tensor) -> tuple[int, int] | None:
+        """The file mapping `tensor` (contiguous) lies in, if any."""
+        if not self.enabled or tensor.device.type != "cpu" or not tensor.is_contiguous():
+            return None
+        start = tensor.data_ptr()
+        end = start + tensor.numel() * tensor.element_size()
         for refresh in (False, True):
             if refresh:
                 self._ranges = _file_mappings()

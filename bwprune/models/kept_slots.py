@@ -36,24 +36,24 @@ class SlotWrites:
     def __len__(self) -> int:
         return int(self.slots.numel())
 
-    def gather(
-        self, weight: torch.Tensor, parts: int = 1, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """`weight`'s rows of the written neurons, zeros for `EMPTY` (every layout keeps a
-        neuron's weights as a row of its source: a column is H strided reads). `parts`:
-        `weight` stacks that many FFN-sized blocks of rows (gate|up: 2); the written neurons'
-        rows of each block come block after block, in one gather. `out`: a contiguous tensor of
-        the result's shape to gather into (a refill's buffer: one pass over the weights instead
-        of a gather and a copy)."""
+    def gather(self, *sources: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The written neurons' rows of each source, source after source (gate, up: a (2W, H)
+        block of gate rows then up rows), zeros for `EMPTY` (every layout keeps a neuron's
+        weights as a row of its source: a column is H strided reads). `out`: a contiguous
+        tensor of the result's shape to gather into (a refill's buffer: one pass over the
+        weights instead of a gather and a copy)."""
         full = self.entered == len(self)  # no slot is emptied: every neuron is a real one
         neurons = self.neurons if full else self.neurons.clamp_min(0)
-        if parts > 1:
-            block = weight.shape[0] // parts
-            neurons = torch.cat([neurons + j * block for j in range(parts)])
-        picked = torch.index_select(weight, 0, neurons, out=out)
+        if len(sources) == 1:
+            picked = torch.index_select(sources[0], 0, neurons, out=out)
+        else:
+            n, first = len(neurons), sources[0]
+            picked = first.new_empty((len(sources) * n, *first.shape[1:])) if out is None else out
+            for j, source in enumerate(sources):
+                torch.index_select(source, 0, neurons, out=picked.narrow(0, j * n, n))
         if full:
             return picked
-        empty = (self.neurons < 0).repeat(parts)
+        empty = (self.neurons < 0).repeat(len(sources))
         return picked.masked_fill_(empty.view([-1] + [1] * (picked.dim() - 1)), 0)
 
 

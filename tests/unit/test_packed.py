@@ -33,7 +33,7 @@ def test_slot_writes_equal_a_fresh_pack_and_compute_the_kept_ffn():
         index = torch.randperm(d_ff, generator=g)[:k]
         writes = slots.assign(index)
         if writes.refill:
-            weights = packed.PackedKeptWeights(gate_up, down.t().contiguous(), slots.capacity)
+            weights = packed.PackedKeptWeights(gate, up, down.t().contiguous(), slots.capacity)
         weights.write(writes)
         held = slots.slots.clamp_min(0)
         live = (slots.slots >= 0).float()

@@ -36,6 +36,8 @@ from bwprune.models.sliced_mlp import KeptFFN, KeptWeights, SlotWeights, neuron_
 from bwprune.vllm.binding import packed
 from bwprune.vllm.binding.support import refuse_split
 
+MLPSources = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # gate, up, down rows: (D_ff, H)
+
 
 def _first(value):
     return value[0] if isinstance(value, tuple) else value
@@ -87,8 +89,8 @@ class SlicedMLP(KeptFFN):
     moves with every refresh, so its slots only grow (`KeptSlots`) and a refresh still writes
     only the neurons that changed."""
 
-    def __init__(self, mlp: nn.Module, gate_up: torch.Tensor, down_rows: torch.Tensor,
-                 shard: Shard = Shard()) -> None:  # fmt: skip
+    def __init__(self, mlp: nn.Module, sources: MLPSources, shard: Shard = Shard()) -> None:
+        gate, up, down_rows = sources
         d_ff, hidden = down_rows.shape
         gate_up_bias = getattr(mlp.gate_up_proj, "bias", None)
         down_bias = getattr(mlp.down_proj, "bias", None)
@@ -98,15 +100,14 @@ class SlicedMLP(KeptFFN):
         self.shard, self.first = shard, shard.rank * d_ff  # the global index of neuron 0 here
         self.packed, self.down_bias = in_kernel, down_bias
         self.mlp, self.act_fn = mlp, mlp.act_fn
-        self.gate_up = gate_up  # (2 D_ff, H): gate rows then up rows
+        self.gate, self.up = gate, up  # (D_ff, H) each
         self.down_rows = down_rows  # (D_ff, H): each neuron's down column as a row
-        self.gate, self.up = gate_up[:d_ff], gate_up[d_ff:]
         self.gate_bias, self.up_bias = (None, None) if gate_up_bias is None else \
             (gate_up_bias[:d_ff], gate_up_bias[d_ff:])  # fmt: skip
 
     def slot_weights(self, slots: int) -> SlotWeights:
         if self.packed and packed.fits(self.down_rows.shape[1], slots):
-            return packed.PackedKeptWeights(self.gate_up, self.down_rows, slots)
+            return packed.PackedKeptWeights(self.gate, self.up, self.down_rows, slots)
         return KeptWeights(self.gate, self.up, self.down_rows,
                            (self.gate_bias, self.up_bias, self.down_bias), self.act_fn,
                            slots)  # fmt: skip
@@ -194,7 +195,7 @@ class VLLMHost(Host):
                 "(bwprune.vllm.binding.plugin): is bwprune installed in vLLM's environment?"
             )
         if isinstance(self.method, NeuronSetMethod) and any(
-            w.is_meta for pair in self.mlp_weights(model) for w in pair
+            w.is_meta for sources in self.mlp_weights(model) for w in sources
         ):
             raise UserError(
                 f"{type(self.method).__name__} slices the MLP, but this vLLM engine was built for "
@@ -208,8 +209,8 @@ class VLLMHost(Host):
         return hooks
 
     @staticmethod
-    def mlp_weights(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each layer's gate|up weight and down's neuron rows: those the plugin kept at load
+    def mlp_weights(model: nn.Module) -> list[MLPSources]:
+        """Each layer's gate and up rows and down's neuron rows: those the plugin kept at load
         time, else from the layers' own (random weights of a dummy load, which calls no
         `load_weights`) while vLLM has not packed them away."""
         kept = getattr(model, "bwprune_weights", None)
@@ -220,7 +221,7 @@ class VLLMHost(Host):
         if any(w.numel() == 0 for pair in own for w in pair):
             raise UserError("vLLM packed the MLP weights before the plugin could keep them "
                             "(a dummy load on CPU): load real weights")  # fmt: skip
-        return [(gate_up, neuron_rows(down)) for gate_up, down in own]
+        return [(*gate_up.chunk(2), neuron_rows(down)) for gate_up, down in own]
 
     def place(self, order: torch.Tensor | None, count: int) -> None:
         """The next forward's tokens: vLLM's index of each of the method's tokens (None: vLLM
@@ -230,7 +231,7 @@ class VLLMHost(Host):
     def ffns(self, model: nn.Module, adapter=None) -> list[FFNSlot]:
         layers = model.model.layers
         if [s.mlp for s in self.sliced] != [layer.mlp for layer in layers]:
-            self.sliced = [SlicedMLP(layer.mlp, *w, self.shard) for layer, w in
+            self.sliced = [SlicedMLP(layer.mlp, w, self.shard) for layer, w in
                            zip(layers, self.mlp_weights(model))]  # fmt: skip
         return [FFNSlot(layer.mlp.bwprune_route, "impl", layer.mlp.down_proj, s)
                 for layer, s in zip(layers, self.sliced)]  # fmt: skip
@@ -239,7 +240,7 @@ class VLLMHost(Host):
         decoder = model.model.layers[layer]
         mlp = decoder.mlp
         if name == "gate_act":  # vLLM fuses gate and up: the gate is the first half
-            d = self.mlp_weights(model)[layer][1].shape[0]  # down rows: (D_ff, H)
+            d = self.mlp_weights(model)[layer][2].shape[0]  # down rows: (D_ff, H)
             return Site(
                 mlp.gate_up_proj, "output", F.silu,
                 part=lambda out: out[0][..., :d],

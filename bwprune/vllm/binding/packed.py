@@ -90,13 +90,13 @@ _ROUTES = _Routes()
 class PackedKeptWeights:
     """C slots of a gated FFN in the kernel's packed layout, written slot by slot."""
 
-    def __init__(self, gate_up: torch.Tensor, down_rows: torch.Tensor, slots: int) -> None:
-        """`gate_up`: (2 D_ff, H), gate rows then up rows; `down_rows`: (D_ff, H), the down
-        projection's columns as rows (`bwprune.models.sliced_mlp.neuron_rows`): the sources
-        slots are written from."""
-        hidden = gate_up.shape[1]
-        self.sources, self.slots, self.hidden = (gate_up, down_rows), slots, hidden
-        self.w13 = gate_up.new_zeros(1, 2 * slots, hidden)  # zeros pack to zeros in any layout
+    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down_rows: torch.Tensor,
+                 slots: int) -> None:  # fmt: skip
+        """`gate`, `up`: (D_ff, H); `down_rows`: (D_ff, H), the down projection's columns as
+        rows (`bwprune.models.sliced_mlp.neuron_rows`): the sources slots are written from."""
+        hidden = gate.shape[1]
+        self.sources, self.slots, self.hidden = (gate, up, down_rows), slots, hidden
+        self.w13 = gate.new_zeros(1, 2 * slots, hidden)  # zeros pack to zeros in any layout
         self.w2 = down_rows.new_zeros(1, hidden, slots)
         self.p13, self.p2 = panel_width(2 * slots, hidden), panel_width(hidden, slots)
 
@@ -106,16 +106,16 @@ class PackedKeptWeights:
         (r, c) of a weight packed in panels of P lives at [r // P, c, r % P] of the packed
         tensor seen as (rows / P, cols, P). The slots come in ascending order, so rows of one
         panel are written one after another while its cache lines are still near."""
-        (gate_up, down_rows), slots = self.sources, writes.slots
+        (gate, up, down_rows), slots = self.sources, writes.slots
         w13 = self.w13.view(-1, self.hidden, self.p13)
         by_slot = self.w2.view(-1, self.slots, self.p2).transpose(0, 1)  # (C, H / P, P)
         down_cols = writes.gather(down_rows).view(len(slots), -1, self.p2)
         if writes.refill:  # every slot, in order: a panel is the transpose of P gathered rows
-            w13.copy_(writes.gather(gate_up, parts=2).view(-1, self.p13, self.hidden).mT)
+            w13.copy_(writes.gather(gate, up).view(-1, self.p13, self.hidden).mT)
             by_slot.copy_(down_cols)
             return
         rows = torch.cat([slots, slots + self.slots])  # gate rows, then up rows
-        w13[rows // self.p13, :, rows % self.p13] = writes.gather(gate_up, parts=2)
+        w13[rows // self.p13, :, rows % self.p13] = writes.gather(gate, up)
         by_slot.index_copy_(0, slots, down_cols)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -6,9 +6,10 @@ are vLLM's own Llama and Qwen2 models with two additions:
 
 - after loading, each layer's MLP weights are kept: vLLM's CPU build repacks linear weights for
   oneDNN and empties `.weight`, and a kept neuron set needs rows of the original
-  (`bwprune.vllm.binding.host.SlicedMLP` gathers from them): gate|up by reference, down as its
-  neurons' rows (`neuron_rows`, the layout a refresh gathers from; the original then goes). That
-  holds the MLP twice, so an engine for a method that never slices
+  (`bwprune.vllm.binding.host.SlicedMLP` gathers from them): gate and up as the checkpoint's
+  own rows, views of its mapped file (`mlp_sources`), down as its neurons' rows (`neuron_rows`,
+  the layout a refresh gathers from; the original then goes). Down's rows are a third of the MLP
+  held twice, so an engine for a method that never slices
   (`additional_config={"bwprune": {"rows": False}}`) keeps only their shapes;
 - each checkpoint tensor's file pages leave the process once vLLM has copied it
   (`bwprune.models.file_pages`): the load otherwise holds the mapped file beside the weights;
@@ -29,7 +30,7 @@ With no session bound and no host attached a forward computes what vLLM's own do
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from functools import partial
 
 import torch
@@ -64,6 +65,47 @@ def untie_packs(embedding: torch.nn.Module, head: torch.nn.Module) -> None:
     head.quant_method.process_weights_after_loading = pack_and_drop
 
 
+def _noting(weights: Iterable[tuple[str, torch.Tensor]], into: dict[str, torch.Tensor],
+            keep: bool) -> Iterator[tuple[str, torch.Tensor]]:  # fmt: skip
+    """`weights` as they pass, each layer's gate and up projections noted in `into` if `keep`."""
+    for name, tensor in weights:
+        if keep and name.endswith((".mlp.gate_proj.weight", ".mlp.up_proj.weight")):
+            into[name] = tensor
+        yield name, tensor
+
+
+def mlp_sources(mlp: torch.nn.Module, checkpoint: dict[str, torch.Tensor],
+                prefix: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """A layer's gate and up rows and down's neuron rows, for kept sets to be gathered from.
+
+    Gate and up are this worker's rows of the checkpoint's own tensors where they are what vLLM
+    loaded (same dtype and rows): views of the mapped file, while vLLM packs its copy away. Their
+    pages are the page cache's, read in as neurons first enter a kept set: clean, so memory
+    pressure drops them (a later refresh reads them again) rather than swapping or killing.
+    (Dropping them after every refresh made the next one fault them back: +75 ms a refresh for
+    the 1.5B's gate rows alone, against 23 ms for the gather itself.) Otherwise (another dtype, a
+    checkpoint in another layout) vLLM's loaded gate|up is kept, two thirds of an MLP of
+    anonymous memory beside its pack."""
+    gate_up = mlp.gate_up_proj.weight
+    d = gate_up.shape[0] // 2
+    sources = (gate_up[:d], gate_up[d:])
+    from_file = [checkpoint.get(f"{prefix}.{name}_proj.weight") for name in ("gate", "up")]
+    if all(w is not None and w.dtype == gate_up.dtype and w.shape[1:] == gate_up.shape[1:]
+           for w in from_file):  # fmt: skip
+        first = _tp_rank() * d
+        rows = tuple(w[first : first + d] for w in from_file)
+        if all(len(r) == d and torch.equal(r[[0, -1]], own[[0, -1]])
+               for r, own in zip(rows, sources)):  # fmt: skip
+            sources = rows
+    return (*sources, neuron_rows(mlp.down_proj.weight))
+
+
+def _tp_rank() -> int:
+    from vllm.distributed import parallel_state as ps
+
+    return ps.get_tensor_model_parallel_rank() if ps.model_parallel_is_initialized() else 0
+
+
 class _Hosted:
     """Mixin over a vLLM causal LM whose decoder layers have `mlp.gate_up_proj/down_proj`."""
 
@@ -79,12 +121,14 @@ class _Hosted:
             untie_packs(self.model.embed_tokens, self.lm_head)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        loaded = super().load_weights(released(weights))
-        keep = (lambda w: w) if self.bwprune_rows else (lambda w: w.to("meta"))
+        checkpoint: dict[str, torch.Tensor] = {}
+        loaded = super().load_weights(released(_noting(weights, checkpoint, self.bwprune_rows)))
         self.bwprune_weights = [
-            (keep(layer.mlp.gate_up_proj.weight), keep(neuron_rows(layer.mlp.down_proj.weight)))
-            for layer in self.model.layers
-        ]
+            mlp_sources(layer.mlp, checkpoint, f"model.layers.{i}.mlp") if self.bwprune_rows
+            else tuple(w.to("meta") for w in (*layer.mlp.gate_up_proj.weight.chunk(2),
+                                               layer.mlp.down_proj.weight.t()))
+            for i, layer in enumerate(self.model.layers)
+        ]  # fmt: skip
         return loaded
 
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):

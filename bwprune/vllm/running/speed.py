@@ -147,14 +147,14 @@ def measure_refresh(hidden: int, d_ff: int, kept: int, layers: int, churn: float
     slot bookkeeping (`KeptSlots.assign`) and for the writes into the panels, medians of
     `repeats` refreshes, and how many of a layer's gate|up panels a refresh writes into."""
     gen = torch.Generator().manual_seed(seed)
-    sources = [(torch.randn(2 * d_ff, hidden, generator=gen),
-                torch.randn(d_ff, hidden, generator=gen)) for _ in range(layers)]  # fmt: skip
+    sources = [[torch.randn(d_ff, hidden, generator=gen) for _ in range(3)]
+               for _ in range(layers)]  # fmt: skip
     slots = [KeptSlots(d_ff, ALIGN) for _ in range(layers)]
     index = [torch.randperm(d_ff, generator=gen)[:kept] for _ in range(layers)]
     weights = []
-    for s, i, (gate_up, down_rows) in zip(slots, index, sources):
+    for s, i, (gate, up, down_rows) in zip(slots, index, sources):
         first = s.assign(i)  # fills every slot
-        weights.append(PackedKeptWeights(gate_up, down_rows, s.capacity))
+        weights.append(PackedKeptWeights(gate, up, down_rows, s.capacity))
         weights[-1].write(first)
     moved = round(churn * kept)
     assign_ms, write_ms, panels = [], [], []
