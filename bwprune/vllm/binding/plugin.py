@@ -42,6 +42,7 @@ from bwprune.errors import UserError
 from bwprune.models.file_pages import released
 from bwprune.models.sliced_mlp import neuron_rows
 from bwprune.vllm.binding.ffn_route import route
+from bwprune.vllm.binding.host import Shard
 from bwprune.vllm.binding.widths import WidthsForCausalLM
 
 
@@ -80,8 +81,9 @@ def mlp_sources(mlp: torch.nn.Module, checkpoint: dict[str, torch.Tensor],
 
     Gate and up are this worker's rows of the checkpoint's own tensors where they are what vLLM
     loaded (same dtype and rows): views of the mapped file, while vLLM packs its copy away. Their
-    pages are the page cache's, read in as neurons first enter a kept set: clean, so memory
-    pressure drops them (a later refresh reads them again) rather than swapping or killing.
+    pages are the page cache's, mapped in as neurons enter kept sets (with the kernel's
+    fault-around, most of gate and up by the first set): clean, so memory pressure drops them
+    (a later refresh reads them again) rather than swapping or killing.
     (Dropping them after every refresh made the next one fault them back: +75 ms a refresh for
     the 1.5B's gate rows alone, against 23 ms for the gather itself.) Otherwise (another dtype, a
     checkpoint in another layout) vLLM's loaded gate|up is kept, two thirds of an MLP of
@@ -92,18 +94,12 @@ def mlp_sources(mlp: torch.nn.Module, checkpoint: dict[str, torch.Tensor],
     from_file = [checkpoint.get(f"{prefix}.{name}_proj.weight") for name in ("gate", "up")]
     if all(w is not None and w.dtype == gate_up.dtype and w.shape[1:] == gate_up.shape[1:]
            for w in from_file):  # fmt: skip
-        first = _tp_rank() * d
+        first = Shard.current().rank * d
         rows = tuple(w[first : first + d] for w in from_file)
         if all(len(r) == d and torch.equal(r[[0, -1]], own[[0, -1]])
                for r, own in zip(rows, sources)):  # fmt: skip
             sources = rows
     return (*sources, neuron_rows(mlp.down_proj.weight))
-
-
-def _tp_rank() -> int:
-    from vllm.distributed import parallel_state as ps
-
-    return ps.get_tensor_model_parallel_rank() if ps.model_parallel_is_initialized() else 0
 
 
 class _Hosted:
