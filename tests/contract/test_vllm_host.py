@@ -299,15 +299,17 @@ def test_an_engine_for_methods_that_never_slice_keeps_no_second_mlp(calibration)
         engine.run_vllm(engine.method("ours"))
 
 
-def test_kept_sets_are_gathered_from_the_checkpoint_file(engine):
-    """An engine for a method that slices holds no second gate|up beside vLLM's pack: a kept set
-    is gathered from the checkpoint's own rows, views of its mapped file (the static-batch test
-    shows that they compute what the HF host does)."""
+def test_kept_sets_and_lookups_read_the_checkpoint_file(engine):
+    """An engine for a method that slices holds no second gate|up beside vLLM's pack, and no
+    engine holds the embedding table: kept sets are gathered from the checkpoint's own rows and
+    tokens looked up in its table, views of its mapped file (the static-batch test shows that
+    they compute what the HF host does)."""
     from bwprune.models.file_pages import FilePages
     from bwprune.vllm.binding.host import VLLMHost
 
     pages, sources = FilePages(), VLLMHost.mlp_weights(engine.vllm.model)
     assert sources and all(pages.mapped(gate) and pages.mapped(up) for gate, up, _ in sources)
+    assert pages.mapped(engine.vllm.model.model.embed_tokens.weight)
 
 
 def test_a_method_masking_outside_the_ffn_stays_eager(engine):

@@ -16,7 +16,8 @@ are vLLM's own Llama and Qwen2 models with two additions:
 - on CPU, an output matrix of its own is packed for oneDNN and kept as loaded too, and the input
   embedding is packed for a matmul it never runs (vLLM packs every vocabulary layer alike): with
   untied embeddings the plugin skips the embedding's pack and drops the output matrix once packed,
-  about 1.7 GiB of fp32 at the 1.5B's vocabulary (`untie_packs`);
+  about 1.7 GiB of fp32 at the 1.5B's vocabulary (`untie_packs`); and the embedding's lookups
+  read the checkpoint's own table, mapped, not a copy (`lookup_from_checkpoint`);
 - every forward goes through `bwprune_session` when one is bound (`bwprune.vllm.binding.session`):
   it reads which requests and tokens the forward runs, and drives the method around it;
 - each layer's MLP runs through its route (`bwprune.vllm.binding.ffn_route`), an opaque op while
@@ -39,7 +40,7 @@ from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.platforms import current_platform
 
 from bwprune.errors import UserError
-from bwprune.models.file_pages import released
+from bwprune.models.file_pages import FilePages, released
 from bwprune.models.sliced_mlp import neuron_rows
 from bwprune.vllm.binding.ffn_route import route
 from bwprune.vllm.binding.host import Shard
@@ -49,8 +50,17 @@ from bwprune.vllm.binding.widths import WidthsForCausalLM
 def untie_packs(embedding: torch.nn.Module, head: torch.nn.Module) -> None:
     """With an output matrix of its own (untied), the embedding only looks rows up and the head
     only multiplies through its pack: skip the one and free the other's weight once packed. A
-    tied head is the embedding module itself (or shares its method) and is left as vLLM made it."""
+    tied head is the embedding module itself (or shares its method): vLLM packs the table for the
+    output matmul and keeps it for the lookup, which reads the checkpoint's rows
+    (`lookup_from_checkpoint`), so the pages the pack read leave the process after it."""
     if head is embedding or head.quant_method is embedding.quant_method:
+        pack = embedding.quant_method.process_weights_after_loading
+
+        def pack_and_release(layer: torch.nn.Module) -> None:
+            pack(layer)
+            FilePages().release(layer.weight)
+
+        embedding.quant_method.process_weights_after_loading = pack_and_release
         return
     embedding.quant_method.process_weights_after_loading = lambda layer: None
     pack = head.quant_method.process_weights_after_loading
@@ -66,11 +76,32 @@ def untie_packs(embedding: torch.nn.Module, head: torch.nn.Module) -> None:
     head.quant_method.process_weights_after_loading = pack_and_drop
 
 
+def lookup_from_checkpoint(embedding: torch.nn.Module, checkpoint: dict[str, torch.Tensor]) -> None:
+    """The input embedding's table becomes the checkpoint's own, a view of the mapped file, where
+    it is what vLLM loaded (same dtype, device, shape and rows): a lookup reads a few rows a
+    step, so the table need not be held in memory beside the weights that every step reads
+    (0.87 GiB of fp32 at the 1.5B's vocabulary, 0.51 GiB at the 0.5B's)."""
+    own = checkpoint.get("model.embed_tokens.weight")
+    if _as_loaded(own, embedding.weight):
+        embedding.weight.data = own
+
+
+def _as_loaded(own: torch.Tensor | None, loaded: torch.Tensor) -> bool:
+    """Whether a checkpoint tensor is what vLLM loaded from it: same dtype, device and shape, and
+    the same first and last rows (a layout vLLM changes while loading shows there)."""
+    if own is None or (own.dtype, own.device, own.shape) != (loaded.dtype, loaded.device,
+                                                             loaded.shape):  # fmt: skip
+        return False
+    return torch.equal(own[[0, -1]], loaded[[0, -1]])
+
+
 def _noting(weights: Iterable[tuple[str, torch.Tensor]], into: dict[str, torch.Tensor],
-            keep: bool) -> Iterator[tuple[str, torch.Tensor]]:  # fmt: skip
-    """`weights` as they pass, each layer's gate and up projections noted in `into` if `keep`."""
+            rows: bool) -> Iterator[tuple[str, torch.Tensor]]:  # fmt: skip
+    """`weights` as they pass, the input embedding and (if `rows`) each layer's gate and up
+    projections noted in `into`."""
     for name, tensor in weights:
-        if keep and name.endswith((".mlp.gate_proj.weight", ".mlp.up_proj.weight")):
+        mlp = rows and name.endswith((".mlp.gate_proj.weight", ".mlp.up_proj.weight"))
+        if mlp or name == "model.embed_tokens.weight":
             into[name] = tensor
         yield name, tensor
 
@@ -90,15 +121,11 @@ def mlp_sources(mlp: torch.nn.Module, checkpoint: dict[str, torch.Tensor],
     anonymous memory beside its pack."""
     gate_up = mlp.gate_up_proj.weight
     d = gate_up.shape[0] // 2
-    sources = (gate_up[:d], gate_up[d:])
+    sources, first = (gate_up[:d], gate_up[d:]), Shard.current().rank * d
     from_file = [checkpoint.get(f"{prefix}.{name}_proj.weight") for name in ("gate", "up")]
-    if all(w is not None and w.dtype == gate_up.dtype and w.shape[1:] == gate_up.shape[1:]
-           for w in from_file):  # fmt: skip
-        first = Shard.current().rank * d
-        rows = tuple(w[first : first + d] for w in from_file)
-        if all(len(r) == d and torch.equal(r[[0, -1]], own[[0, -1]])
-               for r, own in zip(rows, sources)):  # fmt: skip
-            sources = rows
+    rows = [None if w is None else w[first : first + d] for w in from_file]
+    if all(_as_loaded(r, own) for r, own in zip(rows, sources)):
+        sources = tuple(rows)
     return (*sources, neuron_rows(mlp.down_proj.weight))
 
 
@@ -119,6 +146,8 @@ class _Hosted:
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         checkpoint: dict[str, torch.Tensor] = {}
         loaded = super().load_weights(released(_noting(weights, checkpoint, self.bwprune_rows)))
+        if current_platform.is_cpu():
+            lookup_from_checkpoint(self.model.embed_tokens, checkpoint)
         self.bwprune_weights = [
             mlp_sources(layer.mlp, checkpoint, f"model.layers.{i}.mlp") if self.bwprune_rows
             else tuple(w.to("meta") for w in (*layer.mlp.gate_up_proj.weight.chunk(2),
