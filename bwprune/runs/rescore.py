@@ -57,7 +57,8 @@ def resummarize(recorder: RunRecorder, cfg: DictConfig, marks: dict) -> dict:
     if waits is not None:
         metrics["time_to_answer"] = waits
     prov = old.get("provenance") or provenance(cfg.seed, str(cfg.model.device))
-    kept = ("benchmark", "model", "method", "finished_at", "rescored", "speed_measured")
+    kept = ("benchmark", "model", "method", "finished_at", "rescored", "speed_measured",
+            "quality_measured")
     extra = {k: old[k] for k in kept if k in old}
     recorder.key = old.get("run_key", recorder.dir.name)
     return recorder.finish(metrics, prov, extra={**extra, **marks})

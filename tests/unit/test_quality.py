@@ -63,3 +63,30 @@ def test_quality_metrics_are_recorded(cfg_factory):
                              "quality.max_tokens=8", "generation.max_new_tokens=8"))  # fmt: skip
     q = record["metrics"]["quality"]
     assert q["tokens"] > 0 and q["kl"] >= 0 and set(q) >= {"nll", "nll_dense", "nll_increase"}
+
+
+def test_a_finished_run_gets_the_quality_a_run_with_it_on_records(cfg_factory, tmp_path):
+    """Measured after the fact, in the batches the run was generated in, KL and NLL to dense are
+    what the same run records when it measures them itself; nothing else in the record moves."""
+    import json
+    from pathlib import Path
+
+    from bwprune.generation.requality import requality
+
+    same = ["model=tiny_llama", "method=ours", "limit=4", "batch_size=2", "quality.max_tokens=8",
+            "generation.max_new_tokens=8", "speed.paired=false"]  # fmt: skip
+    with_it = run(cfg_factory(*same, "quality.enabled=true", f"paths.results_dir={tmp_path}/on"))
+    cfg = cfg_factory(*same, f"paths.results_dir={tmp_path}/off")
+    record = run(cfg)
+    assert not record["metrics"].get("quality")
+    folder = Path(cfg.paths.runs_dir) / record["run_key"]
+    timings = (folder / "timing.jsonl").read_text()
+    new = requality(folder, cfg_factory("quality.max_tokens=8"))
+    assert new["metrics"]["quality"] == pytest.approx(with_it["metrics"]["quality"])
+    assert new["quality_measured"]["device"] == "cpu"
+    assert (folder / "timing.jsonl").read_text() == timings
+    rows = [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines()]
+    assert all(r["quality"]["tokens"] > 0 for r in rows)
+    assert {k: v for k, v in new["metrics"].items() if k != "quality"} == {
+        k: v for k, v in record["metrics"].items() if k != "quality"
+    }
