@@ -58,7 +58,7 @@ def resummarize(recorder: RunRecorder, cfg: DictConfig, marks: dict) -> dict:
         metrics["time_to_answer"] = waits
     prov = old.get("provenance") or provenance(cfg.seed, str(cfg.model.device))
     kept = ("benchmark", "model", "method", "finished_at", "rescored", "speed_measured",
-            "quality_measured")
+            "quality_measured")  # fmt: skip
     extra = {k: old[k] for k in kept if k in old}
     recorder.key = old.get("run_key", recorder.dir.name)
     return recorder.finish(metrics, prov, extra={**extra, **marks})
