@@ -2,7 +2,7 @@
 
 vLLM loads `register` in every process it starts (entry point `vllm.general_plugins`), and a
 run selects these classes with `hf_overrides={"architectures": [...]}` (`ARCHITECTURES`). They
-are vLLM's own Llama and Qwen2 models with two additions:
+are vLLM's own Llama and Qwen2 models with these additions:
 
 - after loading, each layer's MLP weights are kept: vLLM's CPU build repacks linear weights for
   oneDNN and empties `.weight`, and a kept neuron set needs rows of the original
