@@ -80,7 +80,9 @@ def lookup_from_checkpoint(embedding: torch.nn.Module, checkpoint: dict[str, tor
     """The input embedding's table becomes the checkpoint's own, a view of the mapped file, where
     it is what vLLM loaded (same dtype, device, shape and rows): a lookup reads a few rows a
     step, so the table need not be held in memory beside the weights that every step reads
-    (0.87 GiB of fp32 at the 1.5B's vocabulary, 0.51 GiB at the 0.5B's)."""
+    (0.87 GiB of fp32 at the 1.5B's vocabulary, 0.51 GiB at the 0.5B's). The mapping keeps the
+    file: a run's own export of pruned weights, deleted once loaded, frees its disk space when
+    the engine closes."""
     own = checkpoint.get("model.embed_tokens.weight")
     if _as_loaded(own, embedding.weight):
         embedding.weight.data = own
