@@ -55,22 +55,22 @@ class FilePages:
 
     def mapped(self, tensor: torch.Tensor) -> bool:
         """Whether `tensor`'s bytes lie in a private file mapping."""
-        return self._bounds(tensor) is not None
+        return self._where(tensor) is not None
 
     def release(self, tensor: torch.Tensor) -> bool:
         """Drop the pages of `tensor`'s bytes (rounded out to whole pages, within its mapping)
         from the resident set; False, touching nothing, unless they lie in a file mapping."""
-        bounds = self._bounds(tensor)
-        if bounds is None:
+        where = self._where(tensor)
+        if where is None:
             return False
-        start = tensor.data_ptr()
-        end = start + tensor.numel() * tensor.element_size()
+        (start, end), (low, high) = where
         page = mmap.PAGESIZE
-        low, high = max(start // page * page, bounds[0]), min(-(-end // page) * page, bounds[1])
+        low, high = max(start // page * page, low), min(-(-end // page) * page, high)
         return _madvise()(low, high - low, MADV_DONTNEED) == 0
 
-    def _bounds(self, tensor: torch.Tensor) -> tuple[int, int] | None:
-        """The file mapping `tensor` (contiguous) lies in, if any."""
+    def _where(self, tensor: torch.Tensor) -> tuple[tuple[int, int], tuple[int, int]] | None:
+        """The address span of `tensor`'s bytes (contiguous, on CPU) and the file mapping it lies
+        in, if any."""
         if not self.enabled or tensor.device.type != "cpu" or not tensor.is_contiguous():
             return None
         start = tensor.data_ptr()
@@ -80,7 +80,7 @@ class FilePages:
                 self._ranges = _file_mappings()
             for low, high in self._ranges:
                 if low <= start and end <= high:
-                    return low, high
+                    return (start, end), (low, high)
         return None
 
 
