@@ -15,6 +15,7 @@ model whose heads divide by them).
 import json
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -88,8 +89,7 @@ def main(overrides: list[str]) -> None:
     if "vllm_models" in parts:  # before vLLM starts here: each model's part has the memory
         record["vllm_models"] = {}
         for name in bench.vllm_models.models:
-            rows, how = model_part(name, bench.vllm_models, overrides, cfg.paths.results_dir,
-                                   device)  # fmt: skip
+            rows, how = model_part(name, bench.vllm_models, overrides, device)
             record["vllm_models"][name] = rows
             text += f"vLLM on {name} ({how}):\n\n"
             text += f"{markdown_table(rows)}\n\n{phase_table(rows)}\n" if rows else "\n"
@@ -127,28 +127,32 @@ def record_key(model: str, device: str, parts: list[str]) -> str:
     return key if set(parts) == set(PARTS) else key + "_" + "_".join(p for p in PARTS if p in parts)
 
 
-def model_part(name: str, spec, overrides: list[str], results_dir: str,
-               device: str) -> tuple[list[dict], str]:  # fmt: skip
+def model_part(name: str, spec, overrides: list[str], device: str) -> tuple[list[dict], str]:
     """The vLLM part on model `name` (`bench.vllm_models`), run by this script in a process of
-    its own: its rows and how it ran (its record, results/speed/<name>_..._vllm.json, stays).
-    This run's other overrides go with it, but for the keys the part sets. A model that is not
-    installed is a line in the record, not the end of a bench that has run for an hour."""
+    its own: its rows and how it ran. The process writes its record into a scratch folder, read
+    back here: under results/speed/ it would take the name of that model's own `bench.parts=[vllm]`
+    record and replace it (one made with other batch sizes or lengths). This run's other
+    overrides go with it, but for the keys the part sets. A model that is not installed is a
+    line in the record, not the end of a bench that has run for an hour."""
     mine = [
         f"model={name}", "bench.parts=[vllm]", f"bench.vllm.batch_sizes={list(spec.batch_sizes)}",
         f"bench.new_tokens={spec.new_tokens}", f"bench.vllm.hf_loop={str(spec.hf_loop).lower()}",
         *spec.overrides,
     ]  # fmt: skip
-    set_here = {o.split("=")[0].lstrip("~+") for o in mine} | {"bench.vllm_models"}
+    set_here = {o.split("=")[0].lstrip("~+") for o in mine} | {"bench.vllm_models",
+                                                               "paths.results_dir"}  # fmt: skip
     passed = [o for o in overrides if not o.split("=")[0].lstrip("~+").startswith(
         tuple(set_here))]  # fmt: skip
-    command = [sys.executable, str(Path(__file__).resolve()), *passed, *mine]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        print(f"vLLM on {name}: not measured ({why})")
-        return [], f"not measured: {why}"
-    path = Path(results_dir) / "speed" / f"{record_key(name, device, ['vllm'])}.json"
-    return json.loads(path.read_text())["vllm"], f"its own process, record {path.name}"
+    with tempfile.TemporaryDirectory() as scratch:
+        command = [sys.executable, str(Path(__file__).resolve()), *passed, *mine,
+                   f"paths.results_dir={scratch}"]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            print(f"vLLM on {name}: not measured ({why})")
+            return [], f"not measured: {why}"
+        path = Path(scratch) / "speed" / f"{record_key(name, device, ['vllm'])}.json"
+        return json.loads(path.read_text())["vllm"], "its own process"
 
 
 def vllm_part(cfg, overrides: list[str], model: nn.Module, tokenizer, engine_specs: Mapping,

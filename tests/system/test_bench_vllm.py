@@ -22,18 +22,22 @@ def _bench(tmp_path: Path, *overrides: str) -> dict:
 
 @pytest.mark.slow
 def test_each_model_s_vllm_part_runs_in_its_own_process_without_our_loop(tmp_path):
-    """Each model's rows come from a process of its own (its record stays beside this one), the
-    run's own overrides go with it, and with `hf_loop: false` (the 1.5B's two copies of the
-    weights page on 24 GiB) only the engines' rows, each against dense vLLM; a model that is
-    not installed is a line in the record, not the end of the bench."""
+    """Each model's rows come from a process of its own, the run's own overrides go with it, and
+    with `hf_loop: false` (the 1.5B's two copies of the weights page on 24 GiB) only the engines'
+    rows, each against dense vLLM; that model's own vLLM record is left as it was (the part's
+    process writes elsewhere); a model that is not installed is a line in the record, not the
+    end of the bench."""
     pytest.importorskip("vllm", reason="the bench's vLLM part needs vllm")
+    own = tmp_path / "speed" / "tiny_llama_wide_cpu_2t_vllm.json"
+    own.parent.mkdir()
+    own.write_text('{"made": "by bench.parts=[vllm] model=tiny_llama_wide"}')
     record = _bench(tmp_path, "bench.vllm_models.models=[tiny_llama_wide,no_such_model]")
     rows = {r["method"]: r for r in record["vllm_models"]["tiny_llama_wide"]}
     assert set(rows) == {"dense@vllm", "ours@vllm", "ours_frozen@vllm"}
     assert rows["dense@vllm"]["speedup_decode"]["median"] == 1.0
     assert {r["batch_size"] for r in rows.values()} == {2}
     assert rows["ours@vllm"]["repeats"] == 2  # bench.max_repeats, passed on
-    assert (tmp_path / "speed" / "tiny_llama_wide_cpu_2t_vllm.json").exists()
+    assert json.loads(own.read_text()) == {"made": "by bench.parts=[vllm] model=tiny_llama_wide"}
     assert record["vllm_models"]["no_such_model"] == []
     assert "vLLM on no_such_model (not measured:" in (
         tmp_path / "speed" / "tiny_llama_cpu_2t_vllm_models.md").read_text()  # fmt: skip
