@@ -55,6 +55,7 @@ AUTOMATIC = ("speed.budget_s",)  # may also be "auto": set from the run's size
 PAIRED = ("auto", "true", "false")  # speed.paired (YAML gives the last two as booleans)
 BATCHING = ("static", "continuous")  # generation.batching
 BACKENDS = ("hf", "vllm")  # generation.backend
+KEPT_WEIGHTS = ("buffers", "in_place")  # generation.kept_weights
 
 
 def validate(cfg: DictConfig) -> None:
@@ -89,6 +90,15 @@ def validate(cfg: DictConfig) -> None:
         raise choices_error("generation.batching", gen.batching, BATCHING)
     if gen.backend not in BACKENDS:
         raise choices_error("generation.backend", gen.backend, BACKENDS)
+    kept_weights = gen.get("kept_weights", "buffers")
+    if kept_weights not in KEPT_WEIGHTS:
+        raise choices_error("generation.kept_weights", kept_weights, KEPT_WEIGHTS)
+    if kept_weights == "in_place" and gen.backend != "hf":
+        raise UserError(
+            f"generation.kept_weights=in_place runs in the HF loop (generation.backend=hf), not "
+            f"{gen.backend}: vLLM's CPU kernel runs a kept set from panels of its own, and its "
+            "dense steps from weights it packed (docs/configuration.md, Memory)"
+        )
     if gen.batching == "continuous" and gen.kv_cache != "static":
         raise UserError(
             f"generation.batching=continuous needs generation.kv_cache=static (got "

@@ -58,7 +58,7 @@ def main(overrides: list[str]) -> None:
         record["rows"] = measure(
             model, tokenizer, adapter, methods, list(bench.batch_sizes), precision,
             bench.new_tokens, bench.prompt_len, bench.warmup, cfg.seed, bench.hf_generate,
-            log=print, engines=engines,
+            log=print, engines=engines, in_place=bench.get("in_place", []),
         )  # fmt: skip
         text += f"{markdown_table(record['rows'])}\n{phase_table(record['rows'])}\n"
     if "overhead" in parts:

@@ -42,8 +42,9 @@ class PreparedModel:
         runners made here share the one ledger."""
         engine = EngineConfig.from_config(generation, self.device)
         invariant = bool(generation.batch_invariant)
+        kept = str(generation.get("kept_weights", "buffers"))  # a run recorded before it: buffers
         return BatchedRunner(self.model, self.tokenizer, self.method, self.adapter, sampling,
-                             seed, self.ledger, engine, invariant)  # fmt: skip
+                             seed, self.ledger, engine, invariant, kept)  # fmt: skip
 
 
 def prepare_model(

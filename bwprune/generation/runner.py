@@ -28,6 +28,7 @@ from bwprune.engine.step import DecodeStep, resolve_compile
 from bwprune.engine.stopping import StopStrings, stop_token_ids
 from bwprune.generation.timing import StepTimer
 from bwprune.methods.base import PruningMethod
+from bwprune.methods.hf_host import HFHost
 from bwprune.models.adapters import ModelAdapter
 
 
@@ -110,15 +111,18 @@ class BatchedRunner:
         ledger: SparsityLedger | None = None,
         engine: EngineConfig = EngineConfig(),
         batch_invariant: bool = False,
+        kept_weights: str = "buffers",
     ) -> None:
         """`ledger`: built before the method's `prepare` when that changes the model's shape.
-        `batch_invariant`: every row is computed alone (`generate_tokens`)."""
+        `batch_invariant`: every row is computed alone (`generate_tokens`). `kept_weights`: where
+        a kept set's weights live (`generation.kept_weights`: buffers | in_place)."""
         self.model, self.tokenizer, self.method = model, tokenizer, method
         self.sampling, self.engine = sampling, engine
         self.batch_invariant = batch_invariant
         self.device = next(model.parameters()).device
         self.ledger = ledger or SparsityLedger(adapter, self.device)
-        self.driver = MethodDriver(method, model, adapter, self.ledger)
+        self.driver = MethodDriver(method, model, adapter, self.ledger,
+                                   HFHost(method, kept_weights))  # fmt: skip
         self.caches = CachePool(model, engine.kv_cache)
         self.step = DecodeStep(model, engine.compile, engine.backend)
         stops = [] if sampling.ignore_eos else stop_token_ids(model, tokenizer)

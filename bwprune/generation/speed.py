@@ -17,6 +17,7 @@ only torch and transformers are.
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -39,7 +40,7 @@ from bwprune.generation.runner import (
 from bwprune.generation.stream import StreamRunner
 from bwprune.generation.timing import Precision, alternate_until
 from bwprune.methods.base import PruningMethod
-from bwprune.models.adapters import ModelAdapter
+from bwprune.models.adapters import ModelAdapter, adapter_for
 from bwprune.runs.speedup import median_interval, schedule_ideal, sparse_step_bound, spread
 
 HF_GENERATE = "hf_generate"  # label of the reference: transformers' own generate loop, dense
@@ -72,9 +73,14 @@ def measure(
     with_hf_generate: bool = True,
     log: Callable[[str], None] = lambda _: None,
     engines: Mapping[str, EngineConfig] | None = None,
+    in_place: Iterable[str] = (),
 ) -> list[dict]:
     """One row per (batch size, method, engine): timings with spread, speedup vs dense with its
     interval, bounds, and how the repeats met `precision` (`precision` of each row).
+
+    The methods named in `in_place` keep their kept sets in place (`generation.kept_weights`),
+    on a copy of the model of their own: it replaces the MLPs' projections, which every other
+    row would then run.
 
     `methods` must contain "dense"; each method must already be prepared. Prompts are random
     token ids of `prompt_len` (no padding), the same for every method. `engines` maps a label to
@@ -85,10 +91,14 @@ def measure(
     engines = engines or {"eager": EngineConfig()}
     device = next(model.parameters()).device
     sampling = SamplingConfig(new_tokens, ignore_eos=True)
+    in_place = set(in_place)
+    copied = copy.deepcopy(model) if in_place else None
     runners = {
         _label(name, engine): BatchedRunner(
-            model, tokenizer, method, adapter, sampling, engine=config,
-            ledger=SparsityLedger(adapter, device),
+            *((copied, tokenizer, method, adapter_for(copied)) if name in in_place else
+              (model, tokenizer, method, adapter)),
+            sampling, engine=config, ledger=SparsityLedger(adapter, device),
+            kept_weights="in_place" if name in in_place else "buffers",
         )
         for engine, config in engines.items()
         for name, method in methods.items()

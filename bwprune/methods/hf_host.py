@@ -14,7 +14,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bwprune.methods.base import Phase, StepContext, Tokens
+from bwprune.config import KEPT_WEIGHTS
+from bwprune.errors import choices_error
+from bwprune.methods.base import Phase, PruningMethod, StepContext, Tokens
 from bwprune.methods.host import FFNSlot, Host, Site
 from bwprune.models.adapters import ModelAdapter
 from bwprune.models.sliced_mlp import SlicedMLP
@@ -36,11 +38,19 @@ def site(adapter: ModelAdapter, layer: int, name: str) -> tuple[nn.Module, str, 
 class HFHost(Host):
     """The glue on a transformers model (through its `ModelAdapter`)."""
 
+    def __init__(self, method: PruningMethod, kept_weights: str = "buffers") -> None:
+        """`kept_weights`: where a kept set's weights live (`KEPT_WEIGHTS`)."""
+        if kept_weights not in KEPT_WEIGHTS:
+            raise choices_error("generation.kept_weights", kept_weights, KEPT_WEIGHTS)
+        super().__init__(method)
+        self.in_place = kept_weights == "in_place"
+
     def ffns(self, model: nn.Module, adapter: ModelAdapter) -> list[FFNSlot]:
         views = adapter.ffns()
         if [s.mlp for s in self.sliced] != [v.mlp for v in views]:
-            self.sliced = [SlicedMLP(v.mlp) for v in views]
-        return [FFNSlot(v.layer, "mlp", v.down, s) for v, s in zip(views, self.sliced)]
+            self.sliced = [SlicedMLP(v.mlp, self.in_place) for v in views]
+        # the MLP's own down projection: kept in place, it is one of ours (`ReorderedFFN`)
+        return [FFNSlot(v.layer, "mlp", s.down_proj, s) for v, s in zip(views, self.sliced)]
 
     def site(self, model: nn.Module, adapter: ModelAdapter, layer: int, name: str) -> Site:
         module, where, act = site(adapter, layer, name)

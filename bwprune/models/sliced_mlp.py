@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bwprune.models import ffn_op
+from bwprune.models.in_place import ReorderedFFN
 from bwprune.models.kept_slots import KeptSlots, SlotWrites
 
 
@@ -178,9 +179,12 @@ class SlicedMLP(KeptFFN):
     a compiled observing step of SmolLM2 about 5 ms at batch 4: an op, a module call, a hook and
     an index per layer, 140-155 us each)."""
 
-    def __init__(self, mlp: nn.Module) -> None:
+    def __init__(self, mlp: nn.Module, in_place: bool = False) -> None:
+        """`in_place`: the MLP's own weights, reordered, hold the kept set (`ReorderedFFN`: one
+        copy of the weights) instead of buffers beside them (`KeptWeights`)."""
         super().__init__(mlp.gate_proj.out_features)
         self.mlp = mlp
+        self.reordered = ReorderedFFN.of(mlp) if in_place else None
         self.opaque = ffn_op.opaque(mlp.gate_proj.weight.device)
         self.handle = ffn_op.register(self)
         self.down_handle = ffn_op.register(mlp.down_proj)
@@ -188,12 +192,19 @@ class SlicedMLP(KeptFFN):
         self.act_fn = mlp.act_fn
         self.down_rows: torch.Tensor | None = None  # made once, by the first kept set
 
-    def slot_weights(self, slots: int) -> KeptWeights:
+    def slot_weights(self, slots: int) -> SlotWeights:
+        if self.reordered is not None:
+            return self.reordered.kept(slots)
         g, u, d = self.gate_proj, self.up_proj, self.down_proj
         if self.down_rows is None:
             self.down_rows = neuron_rows(d.weight.detach())
         return KeptWeights(g.weight, u.weight, self.down_rows, (g.bias, u.bias, d.bias),
                            self._glu, slots)  # fmt: skip
+
+    def restart(self) -> None:
+        super().restart()
+        if self.reordered is not None:
+            self.reordered.reset()
 
     def _glu(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)

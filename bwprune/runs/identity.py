@@ -32,6 +32,7 @@ LATE_OPTIONS = {
     ("generation", "batching"): "static",
     ("generation", "backend"): "hf",  # vLLM as a generation host
     ("generation", "tp_select"): "global",  # tensor-parallel vLLM's selection
+    ("generation", "kept_weights"): "buffers",  # the HF loop's kept sets in place (one copy)
     ("method", "attn_square"): False,  # trisp's FLAP-style squared attention scores
     ("method", "memory_policy"): "max",  # ours under continuous batching (and its ablations)
     ("method", "memory_decay"): 0.9,
