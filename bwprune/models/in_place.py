@@ -10,11 +10,12 @@ first rows; a dense forward multiplies all of them as they lie, and the projecti
 neuron axis back in the model's order on the way out of gate and up and into down, so every hook,
 sink, site and method sees each neuron where the checkpoint has it.
 
-What it costs: down multiplies from its neuron rows, a transposed product (8-28 % slower than
-the model's layout at batch 4-16 on this CPU, results/LOG.md 2026-12-07), a dense forward indexes
-its neuron axis three times, a refresh writes both rows of a swap, and a dense forward sums the
-neurons in the order the last kept sets left; so a generation starts from the checkpoint's order
-(`reset`) and computes the same whatever ran before it.
+What it costs (docs/engine.md has the numbers): a dense forward multiplies down from its neuron
+rows, a transposed product, and indexes its neuron axis three times (an observing step of the 0.5B
+11 % slower at batch 16); a refresh writes both rows of a swap; a first fill reorders the whole
+MLP. A kept forward costs what the buffers' does. A dense forward sums the neurons in the order the
+last kept sets left, so a generation starts from the checkpoint's order (`reset`) and computes the
+same whatever ran before it.
 """
 
 from __future__ import annotations
