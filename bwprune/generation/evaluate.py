@@ -239,11 +239,14 @@ def paired_enabled(cfg: DictConfig) -> bool:
 def paired_timing(cfg: DictConfig, runner: BatchedRunner, prepared: PreparedModel) -> PairedTiming:
     """The run's paired timing of `runner` against dense: the runner's own model when the method
     leaves the weights alone, else the model loaded once more, as the first was (a `deepcopy`
-    ran 7 % slower than a loaded model on this project's CPU, which would bias the ratio)."""
+    ran 7 % slower than a loaded model on this project's CPU, which would bias the ratio). Kept
+    sets in place (`generation.kept_weights=in_place`) replace the MLPs' projections with ones a
+    dense step runs slower (down from its rows): dense is timed on a model of its own then too."""
     settings = PairedSettings.from_config(cfg.speed)
+    in_place = cfg.generation.get("kept_weights", "buffers") == "in_place"
     dense = (
         load_model(cfg.model, cfg.paths.cache_dir)[0]
-        if prepared.method.edits_weights
+        if prepared.method.edits_weights or in_place
         else prepared.model
     )
     return PairedTiming(runner, prepared.adapter, dense, settings)
