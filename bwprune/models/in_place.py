@@ -170,6 +170,11 @@ class InPlaceKept:
     def __init__(self, ffn: ReorderedFFN, slots: int) -> None:
         self.ffn, self.slots = ffn, slots
         self.act: Callable[[torch.Tensor], torch.Tensor] = ffn.act_fn
+        # views of the first rows, made once: reordering writes in place, so they stay valid
+        c = slots
+        self.gate = (ffn.gate.weight[:c], None if ffn.gate.bias is None else ffn.gate.bias[:c])
+        self.up = (ffn.up.weight[:c], None if ffn.up.bias is None else ffn.up.bias[:c])
+        self.down = ffn.down.weight[:, :c]
 
     def write(self, writes: SlotWrites) -> None:
         if bool((writes.neurons == EMPTY).any()):
@@ -186,8 +191,5 @@ class InPlaceKept:
             self.ffn.swap(writes.slots, writes.neurons)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        ffn, c = self.ffn, self.slots
-        gate_bias, up_bias = (None if b is None else b[:c] for b in (ffn.gate.bias, ffn.up.bias))
-        z = self.act(F.linear(x, ffn.gate.weight[:c], gate_bias))
-        z = z * F.linear(x, ffn.up.weight[:c], up_bias)
-        return F.linear(z, ffn.down.weight[:, :c], ffn.down.bias)
+        z = self.act(F.linear(x, *self.gate)) * F.linear(x, *self.up)
+        return F.linear(z, self.down, self.ffn.down.bias)
