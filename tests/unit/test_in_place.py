@@ -109,13 +109,14 @@ def test_an_empty_kept_set_is_refused(tiny):
 
 @pytest.mark.parametrize("method", ["ours", "griffin"])
 def test_a_generation_in_place_decides_as_the_buffers_do(tiny, method):
-    """Ours and Griffin end to end: the same tokens with either home of the kept weights (both
-    sum a kept set in slot order; a dense step's down product differs in its last bits, which
-    on a real model can flip a near-tie: docs/engine.md; these models meet none)."""
+    """Ours and Griffin end to end: the same tokens with either home of the kept weights. Both
+    sum a kept set in slot order, but a dense step's down product adds in another order, and a
+    random model's flat logits meet near-ties in float32 (CI's CPU flipped one at token 10), as a
+    real model can (docs/engine.md); in float64 the last bits cannot flip a decision."""
     model, tok = tiny
     tokens = {}
     for kept_weights in ("buffers", "in_place"):
-        mine = copy.deepcopy(model)
+        mine = copy.deepcopy(model).double()
         m = method_from_conf(method)
         prepared(m, mine, tok)
         runner = BatchedRunner(mine, tok, m, adapter_for(mine), SamplingConfig(24),
