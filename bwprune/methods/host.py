@@ -333,11 +333,16 @@ class Host:
         if not changed:
             return False
         first = next((index for _, index in changed if index is not None), None)
-        # a generation's first kept sets fill every layer afresh: the layers side by side
+        # a generation's first kept sets fill every layer afresh: the layers side by side,
+        # unless each fill re-lays a whole MLP in place (large copies, as fast on the caller's
+        # threads, and each thread would hold a scratch MLP of its own)
         fill = all(self.sliced[i].slots.capacity == 0 for i, _ in changed)
-        with one_thread(first) as threads:
-            done = side_by_side.each(lambda c: self.sliced[c[0]].set_index(c[1]), changed,
-                                     threads if fill else 1)  # fmt: skip
+        if fill and any(self.sliced[i].relays for i, _ in changed):
+            done = [self.sliced[i].set_index(index) for i, index in changed]
+        else:
+            with one_thread(first) as threads:
+                done = side_by_side.each(lambda c: self.sliced[c[0]].set_index(c[1]), changed,
+                                         threads if fill else 1)  # fmt: skip
         for (i, index), writes in zip(changed, done):
             self._applied[i] = index
             if writes is not None and not writes.refill:  # a refill has no predecessor

@@ -28,19 +28,9 @@ from torch import nn
 
 from bwprune.models.file_pages import FilePages
 from bwprune.models.kept_slots import EMPTY, SlotWrites
+from bwprune.models.scratch import scratch
 
 _PAGES = FilePages()  # the checkpoint's pages, dropped once a weight is our own copy
-_SCRATCH: dict[tuple, torch.Tensor] = {}  # (shape, dtype, device) -> one matrix every layer reuses
-
-
-def _scratch(like: torch.Tensor) -> torch.Tensor:
-    """A matrix of `like`'s shape to reorder through, one per shape for the process: a fresh
-    one per layer and weight (17 MB each at the 0.5B) left the heap's freed holes too small
-    for the next, and the first kept set grew the 0.5B's run by 0.5 GiB."""
-    key = (tuple(like.shape), like.dtype, like.device)
-    if key not in _SCRATCH:
-        _SCRATCH[key] = torch.empty_like(like, memory_format=torch.contiguous_format)
-    return _SCRATCH[key]
 
 
 class NeuronOrder:
@@ -134,7 +124,8 @@ class ReorderedFFN:
         """Row i holds neuron `at[i]` from now on (`at`: every neuron once)."""
         source = self.order.row[at]
         for tensor in self._by_neuron():
-            tensor.copy_(torch.index_select(tensor, 0, source, out=_scratch(tensor)))
+            through = scratch("reorder", tensor.shape, tensor)
+            tensor.copy_(torch.index_select(tensor, 0, source, out=through))
         rows = torch.arange(len(at), device=at.device)
         self.order.at.copy_(at)
         self.order.row[at] = rows

@@ -125,6 +125,11 @@ class KeptFFN(nn.Module):
         """A weight of the FFN: the dtype and device of its activations."""
         raise NotImplementedError
 
+    @property
+    def relays(self) -> bool:
+        """Whether a first kept set re-lays the whole FFN in place (not slots beside it)."""
+        return False
+
     # -- the mechanism ----------------------------------------------------------------------------
     @property
     def kept(self) -> int:
@@ -200,6 +205,10 @@ class SlicedMLP(KeptFFN):
             self.down_rows = neuron_rows(d.weight.detach())
         return KeptWeights(g.weight, u.weight, self.down_rows, (g.bias, u.bias, d.bias),
                            self._glu, slots)  # fmt: skip
+
+    @property
+    def relays(self) -> bool:
+        return self.reordered is not None
 
     def restart(self) -> None:
         super().restart()

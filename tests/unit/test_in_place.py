@@ -5,15 +5,17 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from bwprune.config import build_method, validate
 from bwprune.errors import UserError
 from bwprune.generation.evaluate import paired_timing
 from bwprune.generation.prepared import prepare_model
 from bwprune.generation.runner import BatchedRunner, SamplingConfig
+from bwprune.methods import side_by_side
 from bwprune.methods.hooks import HookSet
 from bwprune.models.adapters import adapter_for
-from bwprune.models.in_place import InPlaceKept, NeuronColumns, NeuronRows
+from bwprune.models.in_place import InPlaceKept, NeuronColumns, NeuronRows, ReorderedFFN
 from bwprune.models.sliced_mlp import SlicedMLP
 from tests.conftest import PROMPTS, chat, method_from_conf, prepared
 from tests.unit.test_sliced_mlp import masked_reference
@@ -125,6 +127,49 @@ def test_a_generation_in_place_decides_as_the_buffers_do(tiny, method):
         tokens[kept_weights] = [c.token_ids for c in completions]
         assert all(c.sparsity["sparse_steps"] > 0 for c in completions)
     assert tokens["in_place"] == tokens["buffers"]
+
+
+def test_hf_layers_reordered_side_by_side_keep_their_own_weights():
+    """Threads reorder layers of one shape at once (`side_by_side`): each through a scratch of
+    its own thread's (one shared matrix mixed two layers' weights); wide enough that two
+    threads' reorders overlap."""
+    d_ff, hidden = 4096, 256
+
+    def mlp(seed: int) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        module = torch.nn.Module()
+        module.gate_proj, module.up_proj = (torch.nn.Linear(hidden, d_ff, bias=False)
+                                            for _ in range(2))  # fmt: skip
+        module.down_proj = torch.nn.Linear(d_ff, hidden, bias=False)
+        module.act_fn = F.silu
+        return module
+
+    mlps = [mlp(seed) for seed in range(8)]
+    want = [m.gate_proj.weight.detach().clone() for m in mlps]
+    ffns = [ReorderedFFN.of(m) for m in mlps]
+    order = torch.randperm(d_ff)
+    side_by_side.each(lambda f: f.reorder(order), ffns, 2)
+    for ffn, gate in zip(ffns, want):
+        assert torch.equal(ffn.gate.weight, gate[order])
+
+
+@pytest.mark.parametrize("kept_weights", ["buffers", "in_place"])
+def test_a_first_fill_in_place_runs_layer_by_layer(tiny, monkeypatch, kept_weights):
+    """Buffers fill side by side on threads; an in-place fill re-lays whole MLPs, one layer at a
+    time on the caller's threads (each thread would hold a scratch MLP of its own)."""
+    model, tok = tiny
+    threads = []
+    each = side_by_side.each
+    monkeypatch.setattr(side_by_side, "each", lambda fn, items, n: threads.append(n) or
+                        each(fn, items, n))  # fmt: skip
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    m, mine = method_from_conf("ours"), copy.deepcopy(model)
+    prepared(m, mine, tok)
+    runner = BatchedRunner(mine, tok, m, adapter_for(mine), SamplingConfig(16),
+                           kept_weights=kept_weights)  # fmt: skip
+    runner.generate(chat(tok, PROMPTS[:2]))
+    assert (max(threads, default=1) > 1) == (kept_weights == "buffers")
 
 
 def test_bad_kept_weights_and_in_place_outside_the_hf_loop_are_refused(cfg_factory):
