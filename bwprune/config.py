@@ -93,11 +93,13 @@ def validate(cfg: DictConfig) -> None:
     kept_weights = gen.get("kept_weights", "buffers")
     if kept_weights not in KEPT_WEIGHTS:
         raise choices_error("generation.kept_weights", kept_weights, KEPT_WEIGHTS)
-    if kept_weights == "in_place" and gen.backend != "hf":
+    workers = gen.get("vllm", {}).get("tensor_parallel_size", 1)  # a bad one: vllm/binding/support
+    if kept_weights == "in_place" and gen.backend == "vllm" and isinstance(workers, int) \
+            and workers > 1:  # fmt: skip
         raise UserError(
-            f"generation.kept_weights=in_place runs in the HF loop (generation.backend=hf), not "
-            f"{gen.backend}: vLLM's CPU kernel runs a kept set from panels of its own, and its "
-            "dense steps from weights it packed (docs/configuration.md, Memory)"
+            f"generation.kept_weights=in_place runs on one vLLM worker, not "
+            f"generation.vllm.tensor_parallel_size={workers}: a rank's share of a global kept set "
+            "changes size at every refresh, and each change would re-lay its whole MLP"
         )
     if gen.batching == "continuous" and gen.kv_cache != "static":
         raise UserError(

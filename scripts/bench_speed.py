@@ -16,7 +16,7 @@ import json
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -96,7 +96,8 @@ def main(overrides: list[str]) -> None:
     if "vllm" in parts:  # last: vLLM's engine stays in this process once started
         v = bench.vllm
         record["vllm"], how = vllm_part(cfg, overrides, model, tokenizer, v.engines, v.methods,
-                                        list(v.batch_sizes), v.hf_loop)  # fmt: skip
+                                        list(v.batch_sizes), v.hf_loop,
+                                        bench.get("in_place", []))  # fmt: skip
         text += f"vLLM ({how}, in this process):\n\n{markdown_table(record['vllm'])}\n"
         text += f"\n{phase_table(record['vllm'])}\n"
     if "vllm_tp" in parts:
@@ -156,13 +157,14 @@ def model_part(name: str, spec, overrides: list[str], device: str) -> tuple[list
 
 
 def vllm_part(cfg, overrides: list[str], model: nn.Module, tokenizer, engine_specs: Mapping,
-              method_specs: Mapping, batch_sizes: list[int],
-              hf_loop: bool = True) -> tuple[list[dict], str]:  # fmt: skip
+              method_specs: Mapping, batch_sizes: list[int], hf_loop: bool = True,
+              in_place: Sequence[str] = ()) -> tuple[list[dict], str]:  # fmt: skip
     """Dense in our HF loop (unless not `hf_loop`) and in vLLM, and `method_specs` (label ->
     overrides) in vLLM, at `batch_sizes`, in each of `engine_specs` (label -> `generation.vllm`
     overrides); and how vLLM ran. A method that edits weights (TriSP's smaller model) is
     prepared on a copy of the model loaded again and runs in engines of its own, timed against
-    dense vLLM as the others are."""
+    dense vLLM as the others are; so do the labels in `in_place`, in engines that hold each MLP
+    once (`generation.kept_weights=in_place`)."""
     from bwprune.generation.prepared import prepare_loaded
     from bwprune.generation.runner import SamplingConfig
     from bwprune.vllm.running.runner import VLLMRunner
@@ -171,15 +173,15 @@ def vllm_part(cfg, overrides: list[str], model: nn.Module, tokenizer, engine_spe
     bench = cfg.bench
     top = max(batch_sizes)
 
-    def engines_for(pruned=None) -> dict[str, VLLMRunner]:
+    def engines_for(pruned=None, *extra: str) -> dict[str, VLLMRunner]:
         """An engine per `bench.vllm.engines` label, on `model` built for ours (no prefix
         caching), or on `pruned` (a prepared copy) with prefix caching off too: each trial
-        repeats the prompts."""
+        repeats the prompts. `extra`: more overrides of the engines' config."""
         out = {}
         for label, settings in engine_specs.items():
             engine_cfg = compose_config(ROOT / "conf", [
                 "+bench=default", *overrides, "method=ours", f"batch_size={top}",
-                *(f"generation.vllm.{k}={v}" for k, v in settings.items()),
+                *(f"generation.vllm.{k}={v}" for k, v in settings.items()), *extra,
             ])  # fmt: skip
             base = pruned or prepare_loaded(model, tokenizer, build_method(engine_cfg.method))
             hf = base.runner(SamplingConfig(bench.new_tokens, ignore_eos=True), cfg.seed,
@@ -198,6 +200,9 @@ def vllm_part(cfg, overrides: list[str], model: nn.Module, tokenizer, engine_spe
         if method.edits_weights:
             own[label] = engines_for(prepare_loaded(*load_model(cfg.model, cfg.paths.cache_dir),
                                                     method))  # fmt: skip
+        elif label in in_place:
+            own[label] = engines_for(prepare_loaded(model, tokenizer, method),
+                                     "generation.kept_weights=in_place")  # fmt: skip
         else:
             MethodDriver(method, model, adapter).prepare(tokenizer)
             methods[label] = method

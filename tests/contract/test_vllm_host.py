@@ -178,6 +178,11 @@ def same_ledger(a: dict, b: dict) -> bool:
 
 @pytest.mark.parametrize("name", METHODS)
 def test_a_static_batch_in_vllm_is_the_hf_hosts(engine, name):
+    static_batch_alike(engine, name)
+
+
+def static_batch_alike(engine: Engine, name: str) -> None:
+    """`name` on the engine: the HF host's tokens, ledgers and decisions, rows finishing apart."""
     method = engine.method(name)
     engine.stop_mid_way(method)
     hf_tokens, hf_rows, hf_seen = engine.run_hf(method)
@@ -233,6 +238,11 @@ def test_a_stream_in_vllm_is_the_hf_streams(engine, name):
     arriving prompt in a forward of its own as seats free up (`UnmixedScheduler`), as the HF
     stream does, so the method decides the same at every forward and every request gets the
     same tokens and the same realized sparsity."""
+    stream_alike(engine, name)
+
+
+def stream_alike(engine: Engine, name: str) -> None:
+    """`name` in a stream of the engine: the HF stream's tokens, ledgers and decisions."""
     method = engine.method(name)
     engine.stop_mid_way(method)
     hf_tokens, hf_rows, hf_seen = engine.stream_hf(method, STREAM)
@@ -297,6 +307,44 @@ def test_an_engine_for_methods_that_never_slice_keeps_no_second_mlp(calibration)
     assert engine.run_vllm(teal)[0] == engine.run_hf(teal)[0]
     with pytest.raises(UserError, match="kept no MLP rows"):
         engine.run_vllm(engine.method("ours"))
+
+
+@pytest.fixture(scope="module", params=["tiny_llama", "tiny_qwen2"])
+def in_place(request, calibration) -> Engine:
+    return Engine(request.param, calibration, "ours", "generation.kept_weights=in_place")
+
+
+@pytest.mark.parametrize("name", ["ours", "griffin", "dense", "ours"])
+def test_kept_sets_in_place_in_vllm_are_the_hf_hosts(in_place, name):
+    """The one copy's two experts (`bwprune.vllm.binding.one_copy`): dense steps from batched
+    panel matmuls, kept sets in the kernel, refreshes swapping slots; each generation (ours
+    again after Griffin and dense) starts from the checkpoint's order."""
+    static_batch_alike(in_place, name)
+
+
+def test_a_stream_in_place_in_vllm_is_the_hf_streams(in_place):
+    """Kept sets refreshed as requests enter a running stream (a server's batch), in place."""
+    stream_alike(in_place, "ours")
+
+
+def test_an_engine_in_place_holds_each_mlp_once(in_place):
+    """No oneDNN pack, no gate|up or down rows beside the panels: the MLP's tensors are its one
+    copy's two stores (the MLP and a few padding slots)."""
+    from bwprune.vllm.binding.host import VLLMHost
+    from bwprune.vllm.binding.one_copy import OneCopyFFN
+
+    model, ffns = in_place.vllm.model, VLLMHost.mlp_weights(in_place.vllm.model)
+    assert len(ffns) == len(model.model.layers)
+    for layer, ffn in zip(model.model.layers, ffns):
+        assert isinstance(ffn, OneCopyFFN)
+        held = [t for t in (*layer.mlp.parameters(), *layer.mlp.buffers()) if t.numel()]
+        held += [t for t in vars(layer.mlp.gate_up_proj).values() if torch.is_tensor(t)]
+        held += [t for t in vars(layer.mlp.down_proj).values() if torch.is_tensor(t)]
+        assert not held
+        assert not any(hasattr(p, "cpu_linear") for p in (layer.mlp.gate_up_proj,
+                                                          layer.mlp.down_proj))  # fmt: skip
+        mlp = 3 * ffn.d_ff * ffn.hidden
+        assert mlp <= ffn.w13.numel() + ffn.w2.numel() <= mlp + 3 * 2 * ffn.align * ffn.hidden
 
 
 def test_kept_sets_and_lookups_read_the_checkpoint_file(engine):

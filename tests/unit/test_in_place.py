@@ -172,11 +172,13 @@ def test_a_first_fill_in_place_runs_layer_by_layer(tiny, monkeypatch, kept_weigh
     assert (max(threads, default=1) > 1) == (kept_weights == "buffers")
 
 
-def test_bad_kept_weights_and_in_place_outside_the_hf_loop_are_refused(cfg_factory):
+def test_bad_kept_weights_and_in_place_on_several_vllm_workers_are_refused(cfg_factory):
     with pytest.raises(UserError, match=r"kept_weights='panels'.*'buffers', 'in_place'"):
         validate(cfg_factory("generation.kept_weights=panels"))
-    with pytest.raises(UserError, match="HF loop"):
-        validate(cfg_factory("generation.kept_weights=in_place", "generation.backend=vllm"))
+    with pytest.raises(UserError, match="one vLLM worker"):
+        validate(cfg_factory("generation.kept_weights=in_place", "generation.backend=vllm",
+                             "generation.vllm.tensor_parallel_size=2"))  # fmt: skip
+    validate(cfg_factory("generation.kept_weights=in_place", "generation.backend=vllm"))
 
 
 @pytest.mark.parametrize("kept_weights", ["buffers", "in_place"])

@@ -34,6 +34,7 @@ from bwprune.methods.neuron_set import NeuronSetMethod
 from bwprune.methods.sharded import PerRank
 from bwprune.models.sliced_mlp import KeptFFN, KeptWeights, SlotWeights, neuron_rows
 from bwprune.vllm.binding import packed
+from bwprune.vllm.binding.one_copy import OneCopyFFN, OneCopyKept
 from bwprune.vllm.binding.support import refuse_split
 
 MLPSources = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # gate, up, down rows: (D_ff, H)
@@ -89,14 +90,22 @@ class SlicedMLP(KeptFFN):
     moves with every refresh, so its slots only grow (`KeptSlots`) and a refresh still writes
     only the neurons that changed."""
 
-    def __init__(self, mlp: nn.Module, sources: MLPSources, shard: Shard = Shard()) -> None:
-        gate, up, down_rows = sources
-        d_ff, hidden = down_rows.shape
+    def __init__(self, mlp: nn.Module, sources: MLPSources | OneCopyFFN,
+                 shard: Shard = Shard()) -> None:  # fmt: skip
+        """`sources`: the rows kept sets gather from, or the MLP's one copy in the kernel's
+        panels (`generation.kept_weights=in_place`, one worker), whose first expert is the kept
+        set."""
+        one_copy = sources if isinstance(sources, OneCopyFFN) else None
+        gate, up, down_rows = (None, None, None) if one_copy else sources
+        d_ff = one_copy.d_ff if one_copy else down_rows.shape[0]
         gate_up_bias = getattr(mlp.gate_up_proj, "bias", None)
         down_bias = getattr(mlp.down_proj, "bias", None)
         biased = gate_up_bias is not None or down_bias is not None
-        in_kernel = packed.supported(hidden, down_rows.dtype, down_rows.device, biased)
+        in_kernel = one_copy is not None or packed.supported(
+            down_rows.shape[1], down_rows.dtype, down_rows.device, biased
+        )
         super().__init__(d_ff, packed.ALIGN if in_kernel else 1, grow=shard.size > 1)
+        self.one_copy = one_copy
         self.shard, self.first = shard, shard.rank * d_ff  # the global index of neuron 0 here
         self.packed, self.down_bias = in_kernel, down_bias
         self.mlp, self.act_fn = mlp, mlp.act_fn
@@ -106,6 +115,8 @@ class SlicedMLP(KeptFFN):
             (gate_up_bias[:d_ff], gate_up_bias[d_ff:])  # fmt: skip
 
     def slot_weights(self, slots: int) -> SlotWeights:
+        if self.one_copy is not None:
+            return OneCopyKept(self.one_copy, slots)
         if self.packed and packed.fits(self.down_rows.shape[1], slots):
             return packed.PackedKeptWeights(self.gate, self.up, self.down_rows, slots)
         return KeptWeights(self.gate, self.up, self.down_rows,
@@ -117,6 +128,15 @@ class SlicedMLP(KeptFFN):
             mine = (index >= self.first) & (index < self.first + self.d_ff)
             index = index[mine] - self.first
         return super().set_index(index)
+
+    @property
+    def relays(self) -> bool:
+        return self.one_copy is not None
+
+    def restart(self) -> None:
+        super().restart()
+        if self.one_copy is not None:
+            self.one_copy.reset()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = super().forward(x)
@@ -133,7 +153,7 @@ class SlicedMLP(KeptFFN):
 
     @property
     def weight(self) -> torch.Tensor:
-        return self.down_rows
+        return self.one_copy.w2 if self.one_copy is not None else self.down_rows
 
 
 FFN_SITES = frozenset({"gate_act", "mlp_mid"})  # hidden states inside the FFN's op
@@ -195,7 +215,8 @@ class VLLMHost(Host):
                 "(bwprune.vllm.binding.plugin): is bwprune installed in vLLM's environment?"
             )
         if isinstance(self.method, NeuronSetMethod) and any(
-            w.is_meta for sources in self.mlp_weights(model) for w in sources
+            not isinstance(sources, OneCopyFFN) and any(w.is_meta for w in sources)
+            for sources in self.mlp_weights(model)
         ):
             raise UserError(
                 f"{type(self.method).__name__} slices the MLP, but this vLLM engine was built for "
@@ -209,10 +230,10 @@ class VLLMHost(Host):
         return hooks
 
     @staticmethod
-    def mlp_weights(model: nn.Module) -> list[MLPSources]:
+    def mlp_weights(model: nn.Module) -> list[MLPSources] | list[OneCopyFFN]:
         """Each layer's gate and up rows and down's neuron rows: those the plugin kept at load
-        time, else from the layers' own (random weights of a dummy load, which calls no
-        `load_weights`) while vLLM has not packed them away."""
+        time (or each MLP's one copy, kept in place), else from the layers' own (random weights
+        of a dummy load, which calls no `load_weights`) while vLLM has not packed them away."""
         kept = getattr(model, "bwprune_weights", None)
         if kept is not None:
             return kept
@@ -240,7 +261,7 @@ class VLLMHost(Host):
         decoder = model.model.layers[layer]
         mlp = decoder.mlp
         if name == "gate_act":  # vLLM fuses gate and up: the gate is the first half
-            d = self.mlp_weights(model)[layer][2].shape[0]  # down rows: (D_ff, H)
+            d = mlp.down_proj.input_size_per_partition
             return Site(
                 mlp.gate_up_proj, "output", F.silu,
                 part=lambda out: out[0][..., :d],

@@ -119,9 +119,14 @@ class PackedKeptWeights:
         by_slot.index_copy_(0, slots, down_cols)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """(T, H) -> (T, H): every token through the one expert, weight 1."""
-        weight, expert = _ROUTES.take(x.shape[0])
-        out = torch.empty_like(x)
-        _ops().cpu_fused_moe(out, x.contiguous(), self.w13, self.w2, None, None, weight, expert,
-                             "silu", ISA, False)  # fmt: skip
-        return out
+        return run_expert(x, self.w13, self.w2)
+
+
+def run_expert(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """(T, H) -> (T, H): every token through the one expert packed as `w13` (1, 2N, H) and `w2`
+    (1, H, N), weight 1."""
+    weight, expert = _ROUTES.take(x.shape[0])
+    out = torch.empty_like(x)
+    _ops().cpu_fused_moe(out, x.contiguous(), w13, w2, None, None, weight, expert, "silu", ISA,
+                         False)  # fmt: skip
+    return out

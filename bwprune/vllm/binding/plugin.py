@@ -10,7 +10,9 @@ are vLLM's own Llama and Qwen2 models with these additions:
   own rows, views of its mapped file (`mlp_sources`), down as its neurons' rows (`neuron_rows`,
   the layout a refresh gathers from; the original then goes). Down's rows are a third of the MLP
   held twice, so an engine for a method that never slices
-  (`additional_config={"bwprune": {"rows": False}}`) keeps only their shapes;
+  (`additional_config={"bwprune": {"rows": False}}`) keeps only their shapes; and one that keeps
+  its kept sets in place (`{"kept_weights": "in_place"}`) holds each MLP once, in the panels of
+  vLLM's CPU MoE kernel, with no oneDNN pack beside it (`bwprune.vllm.binding.one_copy`);
 - each checkpoint tensor's file pages leave the process once vLLM has copied it
   (`bwprune.models.file_pages`): the load otherwise holds the mapped file beside the weights;
 - on CPU, an output matrix of its own is packed for oneDNN and kept as loaded too, and the input
@@ -44,6 +46,7 @@ from bwprune.models.file_pages import FilePages, released
 from bwprune.models.sliced_mlp import neuron_rows
 from bwprune.vllm.binding.ffn_route import route
 from bwprune.vllm.binding.host import Shard
+from bwprune.vllm.binding.one_copy import hold_once
 from bwprune.vllm.binding.widths import WidthsForCausalLM
 
 
@@ -140,6 +143,7 @@ class _Hosted:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         settings = (vllm_config.additional_config or {}).get("bwprune") or {}
         self.bwprune_rows = bool(settings.get("rows", True))
+        self.bwprune_in_place = self.bwprune_rows and settings.get("kept_weights") == "in_place"
         for layer in self.model.layers:  # before vLLM first traces the decoder
             route(layer.mlp)
         if current_platform.is_cpu() and getattr(self, "lm_head", None) is not None:
@@ -147,9 +151,13 @@ class _Hosted:
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         checkpoint: dict[str, torch.Tensor] = {}
-        loaded = super().load_weights(released(_noting(weights, checkpoint, self.bwprune_rows)))
+        rows = self.bwprune_rows and not self.bwprune_in_place
+        loaded = super().load_weights(released(_noting(weights, checkpoint, rows)))
         if current_platform.is_cpu():
             lookup_from_checkpoint(self.model.embed_tokens, checkpoint)
+        if self.bwprune_in_place:
+            self.bwprune_weights = [hold_once(layer.mlp) for layer in self.model.layers]
+            return loaded
         self.bwprune_weights = [
             mlp_sources(layer.mlp, checkpoint, f"model.layers.{i}.mlp") if self.bwprune_rows
             else tuple(w.to("meta") for w in (*layer.mlp.gate_up_proj.weight.chunk(2),

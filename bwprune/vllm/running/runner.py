@@ -172,7 +172,8 @@ class VLLMRunner:
     def __init__(self, prepared: PreparedModel, hf: BatchedRunner, folder: Path,
                  settings: VLLMSettings, slots: int, prompt_tokens: int, seed: int,
                  load_format: str = "auto", prefix_caching: bool = True,
-                 tp_select: str = "global", mlp_rows: bool = True) -> None:  # fmt: skip
+                 tp_select: str = "global", mlp_rows: bool = True,
+                 kept_weights: str = "buffers") -> None:  # fmt: skip
         """vLLM on the model in `folder` (`prepared.model`'s config and weights; with
         `load_format="dummy"` its config alone, random weights: speed checks). `hf`: the run's HF
         runner (tokenizer, sampling, stop ids and completions are shared); `slots`: the largest
@@ -181,7 +182,9 @@ class VLLMRunner:
         its prompts, timed against an engine without it); `tp_select`: how tensor-parallel ranks
         choose kept sets (`generation.tp_select`); `mlp_rows=False`: the plugin keeps no copy of
         the MLP weights beside vLLM's packed one, for an engine whose methods never slice it
-        (every method but the neuron-set ones: `bwprune.vllm.binding.plugin`)."""
+        (every method but the neuron-set ones: `bwprune.vllm.binding.plugin`); `kept_weights`:
+        where the kept sets of an engine with `mlp_rows` live (`generation.kept_weights`:
+        in_place holds each MLP once, `bwprune.vllm.binding.one_copy`)."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # vLLM leaves a core to its scheduler process unless told the thread count; in this one
         # process it computes with the threads this process (and its HF runner) computes with.
@@ -217,7 +220,7 @@ class VLLMRunner:
                 max_num_batched_tokens=max(2048, slots * prompt_tokens, longest),
                 kv_cache_memory_bytes=int(settings.kv_cache_gib * 2**30),
                 hf_overrides={"architectures": [plugin_architecture(prepared.model)]},
-                additional_config={"bwprune": {"rows": mlp_rows}},
+                additional_config={"bwprune": {"rows": mlp_rows, "kept_weights": kept_weights}},
                 compilation_config=compilation_config(self.compiled, glued, self.device),
             )  # fmt: skip
         log.info("vLLM engine ready in %.1f s (%s, %d worker%s)", time.perf_counter() - started,
@@ -244,13 +247,15 @@ class VLLMRunner:
                 longest_prompt: int, prefix_caching: bool = True,
                 mlp_rows: bool = True) -> VLLMRunner:  # fmt: skip
         """The engine of a run: its model (pruned weights exported, and removed once loaded),
-        batch size, seed and `generation.vllm` settings; `mlp_rows` as the constructor's."""
+        batch size, seed and `generation.vllm` settings, and its `generation.kept_weights`;
+        `mlp_rows` as the constructor's."""
         folder, own = model_folder(cfg, prepared)
         try:
             return cls(prepared, hf, folder, VLLMSettings.from_config(cfg.generation),
                        int(cfg.batch_size), longest_prompt, int(cfg.seed),
                        prefix_caching=prefix_caching, mlp_rows=mlp_rows,
-                       tp_select=str(cfg.generation.get("tp_select", "global")))  # fmt: skip
+                       tp_select=str(cfg.generation.get("tp_select", "global")),
+                       kept_weights=str(cfg.generation.get("kept_weights", "buffers")))  # fmt: skip
         finally:
             if own:
                 shutil.rmtree(folder.parent, ignore_errors=True)
@@ -434,8 +439,9 @@ class VLLMPairedTiming:
 def vllm_engines(cfg: DictConfig, prepared: PreparedModel, hf: BatchedRunner, batches: list,
                  timed: bool) -> tuple[VLLMRunner, VLLMPairedTiming | None]:  # fmt: skip
     """A run's engine, sized so each batch's prompts fit one forward (the static batch), and its
-    paired timing when `timed`: dense on the same engine, or, for a method that edits weights,
-    on a second engine with the model loaded again."""
+    paired timing when `timed`: dense on the same engine, or, for a method that edits weights or
+    kept sets held in place (whose engine's dense MLP computes from the kernel's panels, not
+    vLLM's pack), on a second engine with the model loaded again."""
     prompts = [p for b in batches for p in batch_prompts(hf.tokenizer, cfg.model, b)]
     longest = max(len(hf.encode([p])[0][0]) for p in prompts)
     # one method per engine here: only a neuron-set method needs the MLP's rows kept beside it
@@ -444,7 +450,8 @@ def vllm_engines(cfg: DictConfig, prepared: PreparedModel, hf: BatchedRunner, ba
     if not timed:
         return engine, None
     dense = None
-    if prepared.method.edits_weights:
+    in_place = rows and cfg.generation.get("kept_weights", "buffers") == "in_place"
+    if prepared.method.edits_weights or in_place:
         loaded = prepare_loaded(*load_model(cfg.model, cfg.paths.cache_dir), PruningMethod())
         loaded_hf = loaded.runner(hf.sampling, int(cfg.seed), cfg.generation)
         dense = VLLMRunner.for_run(cfg, loaded, loaded_hf, longest, mlp_rows=False)

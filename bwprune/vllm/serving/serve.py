@@ -103,6 +103,7 @@ def server_command(cfg: DictConfig, folder: Path, ledger: Path, method, name: st
     )
     bwprune = {"state": str(folder / STATE), "ledger": str(ledger), "compiled": compiled,
                "rows": isinstance(method, NeuronSetMethod),
+               "kept_weights": str(cfg.generation.get("kept_weights", "buffers")),
                "tp_select": str(cfg.generation.get("tp_select", "global"))}  # fmt: skip
     architecture = plugin_class(config["architectures"][0], STRUCTURE_KEY in config)
     return [
