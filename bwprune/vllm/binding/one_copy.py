@@ -40,7 +40,7 @@ class Expert:
     stores' first elements: gate rows then up rows (2N, H), packed as (2N / P, H, P), and down
     columns (H, N), packed as (H / P, N, P)."""
 
-    def __init__(self, w13: torch.Tensor, w2: torch.Tensor, slots: int, hidden: int) -> None:
+    def __init__(self, w13: Tensor, w2: Tensor, slots: int, hidden: int) -> None:
         """`w13`, `w2`: flat storage from this expert's first element on."""
         self.slots, self.hidden = slots, hidden
         self.w13 = w13[: 2 * slots * hidden].view(1, 2 * slots, hidden)
@@ -50,28 +50,28 @@ class Expert:
         if self.p13 is None or self.p2 is None:
             raise ValueError(f"the kernel's panel layout is unknown at {slots} slots of {hidden}")
 
-    def _panels13(self) -> torch.Tensor:  # (2N / P, H, P)
+    def _panels13(self) -> Tensor:  # (2N / P, H, P)
         return self.w13.view(2 * self.slots // self.p13, self.hidden, self.p13)
 
     def panels2(self) -> Tensor:
         """The down columns as (H / P, N, P) panels."""
         return self.w2.view(self.hidden // self.p2, self.slots, self.p2)
 
-    def read(self, slots: torch.Tensor) -> torch.Tensor:
+    def read(self, slots: Tensor) -> Tensor:
         """(3, n, H): the gate rows, up rows and down columns of `slots`."""
         rows = torch.cat([slots, slots + self.slots])
         gate_up = self._panels13()[rows // self.p13, :, rows % self.p13]  # (2n, H)
         down = self.panels2()[:, slots, :].transpose(0, 1).reshape(len(slots), self.hidden)
         return torch.cat([gate_up, down]).view(3, len(slots), self.hidden)
 
-    def write(self, slots: torch.Tensor, weights: torch.Tensor) -> None:
+    def write(self, slots: Tensor, weights: Tensor) -> None:
         """`slots` hold `weights` ((3, n, H), as `read` gives them) from now on."""
         rows = torch.cat([slots, slots + self.slots])
         self._panels13()[rows // self.p13, :, rows % self.p13] = weights[:2].flatten(0, 1)
         by_slot = self.panels2().transpose(0, 1)  # (N, H / P, P)
         by_slot.index_copy_(0, slots, weights[2].view(len(slots), -1, self.p2))
 
-    def _chunks13(self, neurons: torch.Tensor) -> Iterator[tuple[slice, Tensor, Tensor]]:
+    def _chunks13(self, neurons: Tensor) -> Iterator[tuple[slice, Tensor, Tensor]]:
         """Gate|up rows a few panels at a time: (panels, each row's part (0 gate, 1 up), each
         row's neuron) for slots holding `neurons`."""
         step = self.p13 * max(1, CHUNK // self.p13)
@@ -81,7 +81,7 @@ class Expert:
             yield (slice(start // self.p13, (start + len(rows)) // self.p13), part,
                    neurons[rows - part * self.slots])  # fmt: skip
 
-    def fill(self, plain: torch.Tensor, neurons: torch.Tensor) -> None:
+    def fill(self, plain: Tensor, neurons: Tensor) -> None:
         """Slot i holds neuron `neurons[i]` of `plain` ((3, D_ff, H) by neuron; `EMPTY`:
         zeros), a chunk at a time: a panel is the transpose of P rows."""
         panels, by_slot = self._panels13(), self.panels2().transpose(0, 1)  # (N, H / P, P)
@@ -93,7 +93,7 @@ class Expert:
             rows = plain[2, neuron.clamp_min(0)].masked_fill_((neuron < 0)[:, None], 0)
             by_slot[start : start + len(neuron)].copy_(rows.view(len(neuron), -1, self.p2))
 
-    def unpack(self, plain: torch.Tensor, neurons: torch.Tensor) -> None:
+    def unpack(self, plain: Tensor, neurons: Tensor) -> None:
         """`fill`'s inverse: each slot's weights into its neuron's rows of `plain`."""
         panels, by_slot = self._panels13(), self.panels2().transpose(0, 1)
         for where, part, neuron in self._chunks13(neurons):
@@ -105,7 +105,7 @@ class Expert:
             rows = by_slot[start : start + len(neuron)].reshape(len(neuron), self.hidden)
             plain[2, neuron[neuron >= 0]] = rows[neuron >= 0]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: Tensor) -> Tensor:
         """(T, H) -> (T, H): SiLU(gate)·up through down, in the kernel (`packed`)."""
         return packed.run_expert(x, self.w13, self.w2)
 
@@ -113,7 +113,7 @@ class Expert:
 class OneCopyFFN:
     """An FFN's weights held once as two experts: kept slots [0, C), the rest [C, C + R)."""
 
-    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+    def __init__(self, gate: Tensor, up: Tensor, down: Tensor,
                  align: int = packed.ALIGN) -> None:  # fmt: skip
         """`gate`, `up`: (D_ff, H); `down`: (H, D_ff), as loaded (copied, not kept)."""
         d_ff, hidden = gate.shape
@@ -129,23 +129,24 @@ class OneCopyFFN:
         plain[2].copy_(down.mT)
         self._lay(plain, torch.zeros(0, dtype=torch.long), 0)
 
-    def _lay(self, plain: torch.Tensor, kept: torch.Tensor, slots: int) -> None:
+    def _lay(self, plain: Tensor, kept: Tensor, slots: int) -> None:
         """Lay out `plain` ((3, D_ff, H) by neuron): `kept` (neurons, `EMPTY` for an empty
         slot) in the first `slots` slots, every other neuron after them in ascending order."""
         rest_mask = torch.ones(self.d_ff, dtype=torch.bool)
         rest_mask[kept[kept >= 0]] = False
         rest = torch.nonzero(rest_mask).flatten()
-        self.kept = Expert(self.w13, self.w2, slots, self.hidden)
-        self.rest = Expert(self.w13[2 * slots * self.hidden :], self.w2[slots * self.hidden :],
+        kept_part = Expert(self.w13, self.w2, slots, self.hidden)
+        rest_part = Expert(self.w13[2 * slots * self.hidden :], self.w2[slots * self.hidden :],
                            capacity(len(rest), self.align), self.hidden)  # fmt: skip
+        if slots and (kept_part.p13, kept_part.p2) != (rest_part.p13, rest_part.p2):
+            raise ValueError(f"the kernel packs {slots} and {rest_part.slots} slots of "
+                             f"{self.hidden} in panels of different widths")  # fmt: skip
+        self.kept, self.rest = kept_part, rest_part
         self.at.fill_(EMPTY)
         self.at[: len(kept)] = kept
         self.at[slots : slots + len(rest)] = rest
         for expert, first in ((self.kept, 0), (self.rest, slots)):
             expert.fill(plain, self.at[first : first + expert.slots])
-        if slots and (self.kept.p13, self.kept.p2) != (self.rest.p13, self.rest.p2):
-            raise ValueError(f"the kernel packs {slots} and {self.rest.slots} slots of "
-                             f"{self.hidden} in panels of different widths")  # fmt: skip
         self._made = None
         laid = slots + self.rest.slots  # past them the stores hold nothing (zeros, not stale rows)
         self.w13[2 * laid * self.hidden :].zero_()
@@ -154,7 +155,7 @@ class OneCopyFFN:
         self.row[self.at[real]] = torch.nonzero(real).flatten()
         self.identity = slots == 0
 
-    def _plain(self) -> torch.Tensor:
+    def _plain(self) -> Tensor:
         """The weights as rows by neuron, (3, D_ff, H), in the process's scratch."""
         plain = scratch("plain", (3, self.d_ff, self.hidden), self.w13)
         for expert, first in ((self.kept, 0), (self.rest, self.kept.slots)):
@@ -162,12 +163,12 @@ class OneCopyFFN:
         return plain
 
     @torch.no_grad()
-    def lay_kept(self, neurons: torch.Tensor, slots: int) -> None:
+    def lay_kept(self, neurons: Tensor, slots: int) -> None:
         """A kept set of `slots` slots holding `neurons` (slot order, `EMPTY` for none)."""
         self._lay(self._plain(), neurons, slots)
 
     @torch.no_grad()
-    def swap(self, slots: torch.Tensor, neurons: torch.Tensor) -> None:
+    def swap(self, slots: Tensor, neurons: Tensor) -> None:
         """Kept slots `slots` hold `neurons` (none of them kept now) from now on; the neurons
         they held take those neurons' places among the rest."""
         places = self.row[neurons] - self.kept.slots
@@ -245,7 +246,7 @@ class OneCopyKept:
         else:
             self.ffn.swap(writes.slots, writes.neurons)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: Tensor) -> Tensor:
         return self.ffn.kept(x)
 
 
@@ -260,7 +261,7 @@ class PanelLinear:
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Nothing to pack: the weights live in the panels."""
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None):
+    def apply(self, layer: nn.Module, x: Tensor, bias: Tensor | None = None):
         flat = x.reshape(-1, x.shape[-1])
         out = self.ffn.gate_up(flat) if self.part == "gate_up" else self.ffn.down(flat)
         out = out.view(*x.shape[:-1], -1)
