@@ -29,7 +29,7 @@ from bwprune.runs.identity import method_name, run_key, target_sparsity
 from bwprune.runs.pairing import time_to_answer_vs_dense
 from bwprune.runs.provenance import provenance
 from bwprune.runs.recorder import RunRecorder
-from bwprune.runs.shards import merge_shards, shard_batches
+from bwprune.runs.shards import merge_shards, shard_batches, with_shard
 from bwprune.runs.summary import summarize
 from bwprune.runs.tracking import Tracker, make_tracker
 from bwprune.vllm.binding.support import refuse_unsupported
@@ -46,8 +46,15 @@ def run(cfg: DictConfig) -> dict:
     """Run (or resume, or skip if complete) the configured job; returns its `run.json` record,
     with `stored: True` added when the run was complete already (its numbers are that run's).
 
-    A shard's job also merges the shards into the unsharded run once they are all complete.
+    A shard's job also merges the shards into the unsharded run once they are all complete, and
+    is skipped once that run is complete: a clone that keeps merged runs only (their shards'
+    folders were not committed) resumes a sharded sweep without redoing a shard.
     """
+    validate(cfg)
+    if cfg.num_shards > 1:
+        whole = RunRecorder(cfg.paths.runs_dir, run_key(with_shard(cfg, 0, 1)))
+        if whole.is_complete():
+            return _stored(whole)
     record = _run_job(cfg)
     if cfg.num_shards > 1:
         merge_shards(cfg)
@@ -55,7 +62,6 @@ def run(cfg: DictConfig) -> dict:
 
 
 def _run_job(cfg: DictConfig) -> dict:
-    validate(cfg)
     recorder = RunRecorder(cfg.paths.runs_dir, run_key(cfg))
     if recorder.is_complete():
         return _stored(recorder)

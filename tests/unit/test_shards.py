@@ -1,6 +1,7 @@
 """Sharded runs: shards get whole batches of the unsharded run, and merge into exactly that run."""
 
 import json
+import shutil
 
 import pytest
 
@@ -56,6 +57,12 @@ def test_merged_shards_equal_the_unsharded_run(tmp_path):
     assert outputs(merged_dir) == outputs(tmp_path / "whole" / "runs" / whole["run_key"])
     assert run(compose_cfg(BASE, sharded))["run_key"] == whole["run_key"]  # complete: skipped
     assert list(load_runs(sharded / "runs")["run_key"]) == [whole["run_key"]]  # shards hidden
+
+    for key in merged["merged_from"]:  # a clone that keeps the merged run only
+        shutil.rmtree(sharded / "runs" / key)
+    again = run(compose_cfg([*BASE, "shard=0", "num_shards=2"], sharded))
+    assert again["stored"] and again["run_key"] == whole["run_key"]
+    assert not (sharded / "runs" / merged["merged_from"][0]).exists()  # the shard not redone
 
 
 def test_perplexity_cannot_be_sharded(tmp_path):
