@@ -90,6 +90,19 @@ def test_a_cell_uses_the_run_with_the_most_problems(results_tree):
     assert "small" not in set(cells["run_key"]) and len(cells) == len(runs)
 
 
+def test_drift_draws_each_model_on_its_own():
+    from bwprune.report import figures
+
+    runs = pd.DataFrame(
+        {"benchmark": "gsm8k", "model": ["a", "b", "a"], "method": "teal", "batch_size": [4, 4, 16],
+         "target_sparsity": 0.5, "realized_ffn_sparse_steps": [0.1, 0.3, 0.2]}
+    )  # fmt: skip
+    fig = figures.drift(runs)
+    drawn = {a.get_title(): list(a.get_lines()[0].get_ydata()) for a in fig.axes if a.get_lines()}
+    assert drawn == {"gsm8k, a, batch 4": [0.1], "gsm8k, b, batch 4": [0.3],
+                     "gsm8k, a, batch 16": [0.2]}  # fmt: skip
+
+
 def test_speed_record_becomes_a_table():
     row = {"batch_size": 1, "method": "dense", "e2e_s": {"min": 1, "median": 2, "max": 3},
            "speedup_e2e": {"min": 1, "median": 1, "max": 1}}  # fmt: skip
