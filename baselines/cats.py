@@ -29,8 +29,6 @@ neurons dropped (`ffn`) and their W_up rows and W_down columns (`params`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
@@ -59,16 +57,6 @@ class CATS(ThresholdMethod):
     """Per-layer threshold on |SiLU(W_gate x)|; dropped neurons skip W_up and W_down."""
 
     sites = ("gate_act",)
-
-    def __init__(
-        self,
-        sparsity: float,
-        shared_mask: bool,
-        aggregate: str,
-        calibration: Mapping | None,
-        cache_dir: str | None,
-    ) -> None:
-        super().__init__(sparsity, shared_mask, aggregate, calibration, cache_dir)
 
     def prepare(
         self, model: nn.Module, adapter: ModelAdapter, tokenizer: PreTrainedTokenizerBase
