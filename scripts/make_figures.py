@@ -35,7 +35,7 @@ def main(overrides: list[str]) -> None:
         for y in ("agreement", "kl", "accuracy"):  # the largest swept evaluation size
             made[f"collapse_{y}"] = figures.collapse(every_size, y)
         made["accuracy_vs_realized_sparsity"] = figures.accuracy_vs_realized_sparsity(cells)
-        made["batch_sweep_accuracy"] = figures.batch_sweep_accuracy(every_size)
+        made["batch_sweep_accuracy"] = figures.batch_sweep_accuracy(cells)
         made["accuracy_vs_realized_cost"] = figures.accuracy_vs_realized_cost(cells)
         for y in PARETO_METRICS:  # each measure against realized (c), a curve per method
             made[f"pareto_{y}"] = figures.pareto(points, y)  # each evaluation its curves

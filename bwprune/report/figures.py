@@ -101,15 +101,22 @@ def accuracy_vs_realized_sparsity(runs: pd.DataFrame, batch_size: int = 4) -> Fi
     )  # fmt: skip
 
 
-def accuracy_with_intervals(runs: pd.DataFrame, x: str, xlabel: str, title: str) -> Figure:
+def accuracy_with_intervals(
+    runs: pd.DataFrame,
+    x: str,
+    xlabel: str,
+    title: str,
+    keys: tuple[str, ...] = ("benchmark", "model", "problems"),
+) -> Figure:
     """Accuracy against `x` with each point's 95 % Wilson interval (seeds pooled,
-    `bwprune.report.accuracy`), one line per method, one panel per benchmark, model and
-    evaluation size measured at more than one `x`; dense as a band (its interval at each of its
-    `x`, or across the panel where it has one), the level a method keeps or loses.
-    The accuracy the paper's claims are made in, where a difference smaller than the intervals
-    is not one."""
+    `bwprune.report.accuracy`), one line per method, one panel per group of `keys` (by default
+    benchmark, model and evaluation size) measured at more than one `x`; dense as a band (its
+    interval at each of its `x`, or across the panel where it has one), the level a method keeps
+    or loses. The accuracy the paper's claims are made in, where a difference smaller than the
+    intervals is not one. Where a panel's points were measured on different numbers of problems
+    (`keys` without "problems"), the title names the usual n and each other point says its own."""
     runs = runs[runs["correct"].notna() & runs[x].notna()]
-    keys = ["benchmark", "model", "problems"]
+    keys = [k for k in keys if k in runs]
     pruned = runs[runs["method"] != "dense"]
     swept = pruned.groupby(keys)[x].transform("nunique") > 1
     panels = sorted(set(pruned[swept][keys].itertuples(index=False, name=None)))
@@ -118,10 +125,10 @@ def accuracy_with_intervals(runs: pd.DataFrame, x: str, xlabel: str, title: str)
     if not panels:
         axes[0].text(0.5, 0.5, f"no method measured at more than one {xlabel}", ha="center")
     colours = {m: f"C{i}" for i, m in enumerate(_methods(runs))}
-    for ax, (bench, model, n) in zip(axes, panels):
-        part = runs[(runs["benchmark"] == bench) & (runs["model"] == model)]
-        part = part[part["problems"] == n]
+    for ax, panel in zip(axes, panels):
+        part = runs[(runs[keys] == pd.Series(panel, index=keys)).all(axis=1)]
         cells = accuracy_columns(part.assign(_x=part[x].round(4)), ["method", "_x"])
+        usual = cells["n"].mode().max()  # in the title; a point measured on other n says its own
         for method in _methods(cells):
             line = cells[cells["method"] == method].sort_values("_x")
             if method == "dense":
@@ -139,7 +146,14 @@ def accuracy_with_intervals(runs: pd.DataFrame, x: str, xlabel: str, title: str)
             ]
             ax.errorbar(line["_x"], line["acc"], yerr=error, fmt="o-", capsize=3,
                         color=colours[method], label=method)  # fmt: skip
-        ax.set(title=f"{bench}, {model}, {n} problems", xlabel=xlabel, ylabel="accuracy")
+            for n, at, acc in zip(line["n"], line["_x"], line["acc"]):
+                if n != usual:
+                    ax.annotate(f"n={n}", (at, acc), xytext=(5, 3), textcoords="offset points",
+                                fontsize=7, color=colours[method])  # fmt: skip
+        named = dict(zip(keys, panel))
+        tokens = f", ≤{named['max_new_tokens']:g} tokens" if "max_new_tokens" in named else ""
+        ax.set(title=f"{named['benchmark']}, {named['model']}{tokens}, {usual} problems",
+               xlabel=xlabel, ylabel="accuracy")  # fmt: skip
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -147,11 +161,17 @@ def accuracy_with_intervals(runs: pd.DataFrame, x: str, xlabel: str, title: str)
     return fig
 
 
-def batch_sweep_accuracy(runs: pd.DataFrame, rho: float = 0.5) -> Figure:
-    """The collapse in accuracy: each method at target ρ against batch size, with intervals."""
-    at_rho = runs[(runs["method"] == "dense") | (runs["target_sparsity"] == rho)]
+def batch_sweep_accuracy(cells: pd.DataFrame, rho: float = 0.5) -> Figure:
+    """The collapse in accuracy: each method at target ρ against batch size, with intervals.
+
+    `cells`: a run per table cell (`cells.largest_evaluations`), so each point is the main
+    table's: batch 1 costs most per problem and is measured on fewer problems than 4 and 16
+    (issue 64: 50 against 100), which puts them on one line with their n beside each point,
+    where a panel per evaluation size would part them."""
+    at_rho = cells[(cells["method"] == "dense") | (cells["target_sparsity"] == rho)]
     fig = accuracy_with_intervals(at_rho, "batch_size", "batch size",
-                                  f"Accuracy vs batch size (target ρ = {rho:g})")  # fmt: skip
+                                  f"Accuracy vs batch size (target ρ = {rho:g})",
+                                  ("benchmark", "model", "max_new_tokens"))  # fmt: skip
     for ax in fig.axes:
         ax.set_xscale("log", base=2)
         ax.get_xaxis().set_major_formatter("{x:g}")

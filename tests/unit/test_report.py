@@ -103,6 +103,22 @@ def test_drift_draws_each_model_on_its_own():
                      "gsm8k, a, batch 16": [0.2]}  # fmt: skip
 
 
+def test_batch_sweep_joins_batch_sizes_measured_on_different_numbers_of_problems():
+    """Issue 64 measures batch 1 on 50 problems and 4, 16 on 100: one line, the odd n marked."""
+    from bwprune.report import figures
+
+    runs = pd.DataFrame(
+        {"benchmark": "gsm8k", "model": "m", "max_new_tokens": 1024,
+         "method": ["dense", "teal", "teal", "teal"], "batch_size": [4, 1, 4, 16],
+         "target_sparsity": [0.0, 0.5, 0.5, 0.5], "correct": [57, 27, 34, 19],
+         "n": [100, 50, 100, 100], "paired_problems": None}
+    )  # fmt: skip
+    (ax,) = figures.batch_sweep_accuracy(runs).axes
+    assert list(ax.get_lines()[0].get_xydata()[:, 1]) == [0.54, 0.34, 0.19]
+    assert [t.get_text() for t in ax.texts] == ["n=50"]
+    assert ax.get_title() == "gsm8k, m, ≤1024 tokens, 100 problems"
+
+
 def test_speed_record_becomes_a_table():
     row = {"batch_size": 1, "method": "dense", "e2e_s": {"min": 1, "median": 2, "max": 3},
            "speedup_e2e": {"min": 1, "median": 1, "max": 1}}  # fmt: skip
