@@ -165,9 +165,9 @@ def batch_sweep_accuracy(cells: pd.DataFrame, rho: float = 0.5) -> Figure:
     """The collapse in accuracy: each method at target ρ against batch size, with intervals.
 
     `cells`: a run per table cell (`cells.largest_evaluations`), so each point is the main
-    table's: batch 1 costs most per problem and is measured on fewer problems than 4 and 16
-    (issue 64: 50 against 100), which puts them on one line with their n beside each point,
-    where a panel per evaluation size would part them."""
+    table's. Batch 1 costs most per problem and is often measured on fewer problems than 4 and
+    16 (the accuracy plan: 50 against 100); one line per method with the odd n beside its point
+    keeps them together, where a panel per evaluation size would part them."""
     at_rho = cells[(cells["method"] == "dense") | (cells["target_sparsity"] == rho)]
     fig = accuracy_with_intervals(at_rho, "batch_size", "batch size",
                                   f"Accuracy vs batch size (target ρ = {rho:g})",

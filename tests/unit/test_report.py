@@ -104,7 +104,8 @@ def test_drift_draws_each_model_on_its_own():
 
 
 def test_batch_sweep_joins_batch_sizes_measured_on_different_numbers_of_problems():
-    """Issue 64 measures batch 1 on 50 problems and 4, 16 on 100: one line, the odd n marked."""
+    """The accuracy plan measures batch 1 on 50 problems and 4, 16 on 100: one line, the odd n
+    marked."""
     from bwprune.report import figures
 
     runs = pd.DataFrame(
