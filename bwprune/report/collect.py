@@ -23,6 +23,7 @@ from bwprune.runs.identity import LATE_OPTIONS, settings
 from bwprune.runs.pairing import pairing_key, run_metrics
 from bwprune.runs.provenance import git
 from bwprune.runs.speedup import step_span, time_to_answer, time_to_answer_span
+from bwprune.scoring.arithmetic import check_arithmetic
 
 # Method keys that say what is pruned how much, or name the method, not which variant it is: runs
 # recorded before conf/method/*.yaml carried `name` are the same variants as those after.
@@ -96,7 +97,7 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
         quality = m.get("quality") or {}
         key = record["run_key"]
         read = _samples(path.parent / "samples.jsonl")
-        predictions[key], completions[key], outcomes[key], cut = read
+        predictions[key], completions[key], outcomes[key], cut, slipped = read
         rows.append(
             {
                 "run_key": key,
@@ -122,6 +123,7 @@ def load_runs(runs_dir: str | Path, keys: Collection[str] | None = None) -> pd.D
                 "unscorable": m.get("unscorable"),
                 "unscorable_reasons": m.get("unscorable_reasons"),
                 "cut_off_rate": cut,
+                "slipped": slipped,
                 "target_sparsity": m["target_sparsity"],  # a matched-cost run's: its chosen ρ
                 **_cost_columns(cfg.get("cost"), m.get("cost")),
                 "realized_ffn": rs.get("ffn"),
@@ -210,18 +212,20 @@ def _time_to_answer(runs: pd.DataFrame, runs_dir: Path) -> list[tuple]:
     return out
 
 
-def _samples(samples_path: Path) -> tuple[dict, dict, dict, float | None]:
+def _samples(samples_path: Path) -> tuple[dict, dict, dict, float | None, float | None]:
     """(index, sample) -> final answer, -> a digest of the completion text (whether two runs
     wrote the same completions, `report.control`, without holding every text in memory) and ->
-    whether it was correct (an unscorable sample is not); and the fraction of samples cut at the
-    token limit (from the rows, so runs recorded before `run.json` carried it have it too; None
-    without samples)."""
+    whether it was correct (an unscorable sample is not); the fraction of samples cut at the
+    token limit (from the rows, so runs recorded before `run.json` carried it have it too) and the
+    fraction of those with a completion that write a false equation between numbers
+    (`bwprune.scoring.arithmetic`); each None where no sample has what it needs."""
     predictions: dict = {}
     digests: dict = {}
     correct: dict = {}
-    cut = 0
+    cut = slipped = 0
+    texts = 0
     if not samples_path.exists():
-        return predictions, digests, correct, None
+        return predictions, digests, correct, None, None
     for line in samples_path.read_text(encoding="utf-8").splitlines():
         s = json.loads(line)
         key = (s["index"], s.get("sample", 0))
@@ -230,7 +234,10 @@ def _samples(samples_path: Path) -> tuple[dict, dict, dict, float | None]:
         cut += s.get("finish_reason") == "length"
         if "completion" in s:
             digests[key] = hashlib.sha1(s["completion"].encode()).hexdigest()
-    return predictions, digests, correct, cut / len(predictions) if predictions else None
+            slipped += check_arithmetic(s["completion"]).false > 0
+            texts += 1
+    cut_rate = cut / len(predictions) if predictions else None
+    return predictions, digests, correct, cut_rate, slipped / texts if texts else None
 
 
 def _against_dense(runs: pd.DataFrame, outcomes: dict) -> list[tuple]:

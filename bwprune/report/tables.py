@@ -170,6 +170,10 @@ def main_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int = 4
     return _table(f"Main table (batch {batch_size}, target ρ = 0.5)", table, sel, note)
 
 
+SLIP_NOTE = (
+    "slip = share of samples whose completion writes at least one false equation between numbers "
+    "(`13 × 2 = 22`; rounding as written is not false; bwprune/scoring/arithmetic.py)."
+)
 # One row of the accuracy table per these.
 ACCURACY_KEYS = ["benchmark", "model", "batch_size", "method"]
 
@@ -177,15 +181,17 @@ ACCURACY_KEYS = ["benchmark", "model", "batch_size", "method"]
 def accuracy_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
     """Every method at target ρ 0.5 at every batch size, one row per benchmark, model, batch
     size and method: accuracy with its interval and its paired difference to dense (McNemar),
-    cut-off rate, realized sparsity (a) and (c), KL to dense, paired speedup with its span and
-    time-to-answer. The table the paper's claims are read from, in accuracy."""
+    cut-off rate, the share of samples whose reasoning writes a false equation (where a method
+    loses its arithmetic, not its reasoning), realized sparsity (a) and (c), KL to dense, paired
+    speedup with its span and time-to-answer. The table the paper's claims are read from, in
+    accuracy."""
     sel = _at_target(defaults_only(runs, defaults))
     sel = sel[sel["correct"].notna()]
     check_cells(sel, ACCURACY_KEYS)
     table = accuracy_cells(sel, ACCURACY_KEYS)
     if not table.empty:
         extra = sel.groupby(ACCURACY_KEYS, as_index=False).agg(
-            cut=("cut_off_rate", "mean"), KL=("kl", "mean"),
+            cut=("cut_off_rate", "mean"), slip=("slipped", "mean"), KL=("kl", "mean"),
             **{"(a) ffn": ("realized_ffn", "mean"), "(c) params": ("realized_params", "mean")},
         )  # fmt: skip
         table = extra.merge(table, on=ACCURACY_KEYS)
@@ -194,9 +200,11 @@ def accuracy_table(runs: pd.DataFrame, defaults: dict[str, str]) -> Table:
         table = table.assign(_first=first).sort_values([*ACCURACY_KEYS[:3], "_first", "method"])
         table = table.rename(columns={"batch_size": "B"})[
             ["benchmark", "model", "B", "method", "n", "acc", "95 % CI", "Δ dense", "p", "cut",
-             "(a) ffn", "(c) params", "KL", "speedup (step)", "range", "time-to-answer"]
+             "slip", "(a) ffn", "(c) params", "KL", "speedup (step)", "range", "time-to-answer"]
         ]  # fmt: skip
-    note = f"{SPEEDUP_NOTE} {ACCURACY_NOTE}" + (f" {SPAN_NOTE}" if has_intervals(sel) else "")
+    note = f"{SPEEDUP_NOTE} {ACCURACY_NOTE} {SLIP_NOTE}" + (
+        f" {SPAN_NOTE}" if has_intervals(sel) else ""
+    )
     return _table("Accuracy (target ρ = 0.5, every batch size)", table, sel, note)
 
 

@@ -84,3 +84,33 @@ def test_an_ablation_cell_pools_only_runs_that_differ_in_its_argument(results_tr
         assert row["95 % CI"] == "[{:.2f}, {:.2f}]".format(*wilson(correct, n))
         only = int(run["only_method"].iloc[0]), int(run["only_dense"].iloc[0])
         assert float(row["p"]) == pytest.approx(mcnemar_exact(*only), abs=5e-4)
+
+
+def test_the_slip_column_is_the_share_of_samples_that_write_a_false_equation(
+    results_tree, tmp_path
+):
+    """A run whose first sample writes `13 × 2 = 22` has that one sample slipped; the accuracy
+    table's `slip` is the share, read from samples.jsonl."""
+    import json
+    import shutil
+
+    from bwprune.report.collect import load_runs
+
+    runs_dir = shutil.copytree(results_tree[0], tmp_path / "runs")
+    table = accuracy_table(load_runs(runs_dir), default_variants(CONF_DIR, load_runs(runs_dir)))
+    key = next(k for k in table.run_keys if "/ours/" in k)
+    path = next(p for p in runs_dir.rglob("samples.jsonl") if key in str(p))
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[0]["completion"] = r"Sold: \[ 13 \times 2 = 22 \] and \[ 16 - 3 = 13 \]"
+    for row in rows[1:]:
+        row["completion"] = r"\[ 16 - 3 = 13 \]"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    runs = load_runs(runs_dir)
+    run = runs.set_index("run_key").loc[key]
+    assert run["slipped"] == pytest.approx(1 / len(rows))
+    frame = accuracy_table(runs, default_variants(CONF_DIR, runs)).frame
+    cell = frame[(frame["method"] == "ours") & (frame["B"] == run["batch_size"])]
+    others = runs[runs["run_key"].isin(table.run_keys) & (runs["method"] == "ours")
+                  & (runs["batch_size"] == run["batch_size"])]  # fmt: skip
+    assert cell["slip"].iloc[0] == pytest.approx(others["slipped"].mean())
+    assert cell["slip"].iloc[0] > 0
