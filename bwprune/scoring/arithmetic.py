@@ -55,10 +55,7 @@ def check_arithmetic(text: str) -> ArithmeticCheck:
     text = _plain(text)
     equations = false = 0
     for chain in _CHAIN.finditer(text):
-        start, end = chain.span()
-        if _BEFORE.search(text[max(0, start - _CONTEXT) : start]) or _AFTER.match(
-            text[end : end + _CONTEXT]
-        ):
+        if _continues(text, *chain.span()):
             continue
         sides = [side.strip() for side in chain.group().split("=")]
         for left, right in pairwise(sides):
@@ -70,6 +67,12 @@ def check_arithmetic(text: str) -> ArithmeticCheck:
             equations += 1
             false += abs(a - b) > _rounding(left, right)
     return ArithmeticCheck(equations, false)
+
+
+def _continues(text: str, start: int, end: int) -> bool:
+    """Whether `text[start:end]` is part of a larger expression that is not plain arithmetic."""
+    before = text[max(0, start - _CONTEXT) : start]
+    return bool(_BEFORE.search(before) or _AFTER.match(text[end : end + _CONTEXT]))
 
 
 def _plain(text: str) -> str:
