@@ -263,13 +263,13 @@ def ablation_table(runs: pd.DataFrame, defaults: dict[str, str], argument: str) 
     same = [d is None or others(v) == others(d) for v, d in zip(sel["variant"], default)]
     sel = sel[row_mask(sel, same)].copy()
     sel[argument] = [str(json.loads(v).get(argument)) for v in sel["variant"]]
-    columns = {"agreement": "agree", "kl": "KL", "realized_ffn": "(a) ffn",
+    columns = {"slipped": "slip", "agreement": "agree", "kl": "KL", "realized_ffn": "(a) ffn",
                "realized_ffn_sparse_steps": "(b) ffn"}  # fmt: skip
     keys = ["benchmark", "model", "batch_size", "target_sparsity", argument]
     table = sel.groupby(keys, as_index=False, dropna=False).agg(dict.fromkeys(columns, "mean"))
     table = table.rename(columns=columns).merge(accuracy_cells(sel, keys), on=keys, how="left")
     table = table[[*keys, "n", "acc", "95 % CI", "Δ dense", "p", *columns.values()]]
-    return _table(f"Ablation: {argument}", table, sel, f"{FOOTNOTE} {ACCURACY_NOTE}")
+    return _table(f"Ablation: {argument}", table, sel, f"{FOOTNOTE} {ACCURACY_NOTE} {SLIP_NOTE}")
 
 
 # Pareto table columns: load_runs column -> short label.

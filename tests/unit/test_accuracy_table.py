@@ -76,7 +76,7 @@ def test_an_ablation_cell_pools_only_runs_that_differ_in_its_argument(results_tr
                                   variant=lambda f: [json.dumps({**json.loads(v), "t_init": 0})
                                                      for v in f["variant"]])  # fmt: skip
     frame = ablation_table(pd.concat([runs, other]), defaults, "memory").frame
-    assert {"n", "acc", "95 % CI", "Δ dense", "p"} <= set(frame.columns)
+    assert {"n", "acc", "95 % CI", "Δ dense", "p", "slip"} <= set(frame.columns)
     for _, row in frame[frame["batch_size"] == 2].iterrows():
         run = ours[[f'"memory": {row["memory"].lower()}' in v for v in ours["variant"]]]
         assert len(run) == 1 and row["n"] == run["n"].iloc[0]
