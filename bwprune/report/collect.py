@@ -223,7 +223,6 @@ def _samples(samples_path: Path) -> tuple[dict, dict, dict, float | None, float 
     digests: dict = {}
     correct: dict = {}
     cut = slipped = 0
-    texts = 0
     if not samples_path.exists():
         return predictions, digests, correct, None, None
     for line in samples_path.read_text(encoding="utf-8").splitlines():
@@ -235,9 +234,8 @@ def _samples(samples_path: Path) -> tuple[dict, dict, dict, float | None, float 
         if "completion" in s:
             digests[key] = hashlib.sha1(s["completion"].encode()).hexdigest()
             slipped += check_arithmetic(s["completion"]).false > 0
-            texts += 1
     cut_rate = cut / len(predictions) if predictions else None
-    return predictions, digests, correct, cut_rate, slipped / texts if texts else None
+    return predictions, digests, correct, cut_rate, slipped / len(digests) if digests else None
 
 
 def _against_dense(runs: pd.DataFrame, outcomes: dict) -> list[tuple]:
