@@ -252,24 +252,28 @@ def sparsity_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int
     return _table(f"Target sparsity (batch {batch_size})", table, sel)
 
 
-def ablation_table(runs: pd.DataFrame, defaults: dict[str, str], argument: str) -> Table:
-    """`ours` runs that differ from its defaults in `argument` only (memory, aggregate, ...)."""
+def ablation_table(runs: pd.DataFrame, defaults: dict[str, str], arguments: Sequence[str]) -> Table:
+    """`ours` runs that differ from its defaults in `arguments` only (memory, aggregate, ...).
+    Several arguments make one table when they are one setting: ours' period is t_prune +
+    t_explore, and a run at the paper's small-model period changes both."""
 
     def others(variant: str) -> dict:
-        return {k: v for k, v in json.loads(variant).items() if k != argument}
+        return {k: v for k, v in json.loads(variant).items() if k not in arguments}
 
     sel = runs[runs["method"] == "ours"]
     default = [defaults.get(f"{model}/ours") for model in sel["model"]]
     same = [d is None or others(v) == others(d) for v, d in zip(sel["variant"], default)]
     sel = sel[row_mask(sel, same)].copy()
-    sel[argument] = [str(json.loads(v).get(argument)) for v in sel["variant"]]
+    for argument in arguments:
+        sel[argument] = [str(json.loads(v).get(argument)) for v in sel["variant"]]
     columns = {"slipped": "slip", "agreement": "agree", "kl": "KL", "realized_ffn": "(a) ffn",
                "realized_ffn_sparse_steps": "(b) ffn"}  # fmt: skip
-    keys = ["benchmark", "model", "batch_size", "target_sparsity", argument]
+    keys = ["benchmark", "model", "batch_size", "target_sparsity", *arguments]
     table = sel.groupby(keys, as_index=False, dropna=False).agg(dict.fromkeys(columns, "mean"))
     table = table.rename(columns=columns).merge(accuracy_cells(sel, keys), on=keys, how="left")
     table = table[[*keys, "n", "acc", "95 % CI", "Δ dense", "p", *columns.values()]]
-    return _table(f"Ablation: {argument}", table, sel, f"{FOOTNOTE} {ACCURACY_NOTE} {SLIP_NOTE}")
+    title = f"Ablation: {', '.join(arguments)}"
+    return _table(title, table, sel, f"{FOOTNOTE} {ACCURACY_NOTE} {SLIP_NOTE}")
 
 
 # Pareto table columns: load_runs column -> short label.
@@ -315,7 +319,10 @@ def pareto_table(runs: pd.DataFrame, defaults: dict[str, str], at: Sequence[floa
                  note, sample_outcomes(sel))  # fmt: skip
 
 
-ABLATIONS = ("memory", "aggregate", "select", "t_init", "t_explore", "t_prune")
+# Ablation tables: file stem -> the arguments its runs vary (the rest at ours' defaults).
+ABLATIONS = {
+    name: (name,) for name in ("memory", "aggregate", "select", "t_init", "t_explore", "t_prune")
+} | {"period": ("t_prune", "t_explore")}
 
 RUNS_COLUMNS = [
     "run_key", "n", "accuracy", "agreement", "kl", "target_sparsity", "cost_target", "realized_ffn",
@@ -428,8 +435,8 @@ def all_tables(runs: pd.DataFrame, defaults: dict[str, str]) -> dict[str, Table]
         "batch_size": batch_table(generation, defaults),
         "sparsity": sparsity_table(cells, defaults),
     }
-    for argument in ABLATIONS:
-        tables[f"ablation_{argument}"] = ablation_table(cells, defaults, argument)
+    for name, arguments in ABLATIONS.items():
+        tables[f"ablation_{name}"] = ablation_table(cells, defaults, arguments)
     return tables
 
 

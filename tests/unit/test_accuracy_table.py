@@ -75,7 +75,7 @@ def test_an_ablation_cell_pools_only_runs_that_differ_in_its_argument(results_tr
     other = ours.iloc[[0]].assign(run_key="other", correct=ours["n"].iloc[0], only_method=9,
                                   variant=lambda f: [json.dumps({**json.loads(v), "t_init": 0})
                                                      for v in f["variant"]])  # fmt: skip
-    frame = ablation_table(pd.concat([runs, other]), defaults, "memory").frame
+    frame = ablation_table(pd.concat([runs, other]), defaults, ["memory"]).frame
     assert {"n", "acc", "95 % CI", "Δ dense", "p", "slip"} <= set(frame.columns)
     for _, row in frame[frame["batch_size"] == 2].iterrows():
         run = ours[[f'"memory": {row["memory"].lower()}' in v for v in ours["variant"]]]
@@ -84,6 +84,30 @@ def test_an_ablation_cell_pools_only_runs_that_differ_in_its_argument(results_tr
         assert row["95 % CI"] == "[{:.2f}, {:.2f}]".format(*wilson(correct, n))
         only = int(run["only_method"].iloc[0]), int(run["only_dense"].iloc[0])
         assert float(row["p"]) == pytest.approx(mcnemar_exact(*only), abs=5e-4)
+
+
+def test_a_period_run_changes_two_arguments_and_is_a_row_of_the_period_table_only(results_tree):
+    """Ours at the paper's small-model period (t_prune 8, t_explore 2) differs from the defaults
+    in two arguments: the period table has it, each single-argument table leaves it out."""
+    import json
+
+    from bwprune.report.collect import load_runs
+    from bwprune.report.tables import ablation_table
+
+    runs = load_runs(results_tree[0])
+    defaults = default_variants(CONF_DIR, runs)
+    ours = runs[(runs["method"] == "ours") & (runs["variant"] == runs["model"].map(
+        lambda m: defaults.get(f"{m}/ours")))].iloc[[0]]  # fmt: skip
+    period = {"t_prune": 8, "t_explore": 2}
+    moved = ours.assign(run_key="period10", variant=[json.dumps({**json.loads(v), **period})
+                                                     for v in ours["variant"]])  # fmt: skip
+    both = pd.concat([runs, moved])
+    table = ablation_table(both, defaults, ["t_prune", "t_explore"])
+    assert "period10" in table.run_keys
+    row = table.frame[(table.frame["t_prune"] == "8") & (table.frame["t_explore"] == "2")]
+    assert len(row) == 1 and row["n"].iloc[0] == ours["n"].iloc[0]
+    for argument in ("t_prune", "t_explore"):
+        assert "period10" not in ablation_table(both, defaults, [argument]).run_keys
 
 
 def test_the_slip_column_is_the_share_of_samples_that_write_a_false_equation(
