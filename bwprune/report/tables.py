@@ -252,7 +252,9 @@ def sparsity_table(runs: pd.DataFrame, defaults: dict[str, str], batch_size: int
     return _table(f"Target sparsity (batch {batch_size})", table, sel)
 
 
-def ablation_table(runs: pd.DataFrame, defaults: dict[str, str], arguments: Sequence[str]) -> Table:
+def ablation_table(
+    runs: pd.DataFrame, defaults: dict[str, str], arguments: tuple[str, ...]
+) -> Table:
     """`ours` runs that differ from its defaults in `arguments` only (memory, aggregate, ...).
     Several arguments make one table when they are one setting: ours' period is t_prune +
     t_explore, and a run at the paper's small-model period changes both."""
@@ -321,8 +323,14 @@ def pareto_table(runs: pd.DataFrame, defaults: dict[str, str], at: Sequence[floa
 
 # Ablation tables: file stem -> the arguments its runs vary (the rest at ours' defaults).
 ABLATIONS = {
-    name: (name,) for name in ("memory", "aggregate", "select", "t_init", "t_explore", "t_prune")
-} | {"period": ("t_prune", "t_explore")}
+    "memory": ("memory",),
+    "aggregate": ("aggregate",),
+    "select": ("select",),
+    "t_init": ("t_init",),
+    "t_explore": ("t_explore",),
+    "t_prune": ("t_prune",),
+    "period": ("t_prune", "t_explore"),
+}
 
 RUNS_COLUMNS = [
     "run_key", "n", "accuracy", "agreement", "kl", "target_sparsity", "cost_target", "realized_ffn",

@@ -75,7 +75,7 @@ def test_an_ablation_cell_pools_only_runs_that_differ_in_its_argument(results_tr
     other = ours.iloc[[0]].assign(run_key="other", correct=ours["n"].iloc[0], only_method=9,
                                   variant=lambda f: [json.dumps({**json.loads(v), "t_init": 0})
                                                      for v in f["variant"]])  # fmt: skip
-    frame = ablation_table(pd.concat([runs, other]), defaults, ["memory"]).frame
+    frame = ablation_table(pd.concat([runs, other]), defaults, ("memory",)).frame
     assert {"n", "acc", "95 % CI", "Δ dense", "p", "slip"} <= set(frame.columns)
     for _, row in frame[frame["batch_size"] == 2].iterrows():
         run = ours[[f'"memory": {row["memory"].lower()}' in v for v in ours["variant"]]]
@@ -102,12 +102,12 @@ def test_a_period_run_changes_two_arguments_and_is_a_row_of_the_period_table_onl
     moved = ours.assign(run_key="period10", variant=[json.dumps({**json.loads(v), **period})
                                                      for v in ours["variant"]])  # fmt: skip
     both = pd.concat([runs, moved])
-    table = ablation_table(both, defaults, ["t_prune", "t_explore"])
+    table = ablation_table(both, defaults, ("t_prune", "t_explore"))
     assert "period10" in table.run_keys
     row = table.frame[(table.frame["t_prune"] == "8") & (table.frame["t_explore"] == "2")]
     assert len(row) == 1 and row["n"].iloc[0] == ours["n"].iloc[0]
     for argument in ("t_prune", "t_explore"):
-        assert "period10" not in ablation_table(both, defaults, [argument]).run_keys
+        assert "period10" not in ablation_table(both, defaults, (argument,)).run_keys
 
 
 def test_the_slip_column_is_the_share_of_samples_that_write_a_false_equation(
