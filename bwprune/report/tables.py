@@ -266,8 +266,9 @@ def ablation_table(
     default = [defaults.get(f"{model}/ours") for model in sel["model"]]
     same = [d is None or others(v) == others(d) for v, d in zip(sel["variant"], default)]
     sel = sel[row_mask(sel, same)].copy()
+    variants = [json.loads(v) for v in sel["variant"]]  # parsed once, read per argument
     for argument in arguments:
-        sel[argument] = [str(json.loads(v).get(argument)) for v in sel["variant"]]
+        sel[argument] = [str(v.get(argument)) for v in variants]
     columns = {"slipped": "slip", "agreement": "agree", "kl": "KL", "realized_ffn": "(a) ffn",
                "realized_ffn_sparse_steps": "(b) ffn"}  # fmt: skip
     keys = ["benchmark", "model", "batch_size", "target_sparsity", *arguments]
